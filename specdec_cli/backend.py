@@ -1,0 +1,79 @@
+"""The protocol the engine needs from a model, and the cache bookkeeping shared by all backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What llama.cpp compares to decide whether two models can draft for each other."""
+
+    vocab_type: int
+    n_vocab: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Backend(Protocol):
+    """A loaded model with one KV-cache sequence.
+
+    `cached` is the list of tokens whose keys and values are in the cache, in order.
+    """
+
+    n_vocab: int
+    n_ctx: int
+    cached: list[int]
+
+    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+        """Append `tokens` to the cache; return logits for the last `n_logit_rows` of them.
+
+        The rows may be views into the backend's buffers, valid until the next call.
+        """
+        ...
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop every cached token from position `n_keep` on."""
+        ...
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def vocab_info(self) -> VocabInfo: ...
+
+    def token_text(self, token: int) -> str:
+        """The token's text as stored in the vocabulary (used for compatibility checks)."""
+        ...
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    left = np.asarray(a[:n])
+    right = np.asarray(b[:n])
+    mismatches = np.flatnonzero(left != right)
+    return int(mismatches[0]) if mismatches.size else n
+
+
+def logits_for_suffix(backend: Backend, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+    """Bring the cache to `tokens` and return logits for its last `n_rows` positions.
+
+    Only the part of `tokens` not already cached is decoded; a cache that ran ahead
+    (rejected drafts, an edited chat history) is truncated first.
+    """
+    if not 1 <= n_rows <= len(tokens):
+        raise ValueError(f"need 1..{len(tokens)} logit rows, asked for {n_rows}")
+    keep = min(common_prefix_length(backend.cached, tokens), len(tokens) - n_rows)
+    if keep < len(backend.cached):
+        backend.truncate(keep)
+    return backend.decode(tokens[keep:], n_rows)

@@ -1,0 +1,278 @@
+"""Speculative and plain generation over Backends. Yields events; knows nothing of terminals."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from .backend import Backend, logits_for_suffix
+from .drafters import Draft, Drafter
+from .sampling import (
+    AcceptanceRule,
+    SamplingSettings,
+    Verdict,
+    distribution,
+    greedy_accept,
+    speculative_accept,
+)
+
+
+class TokenKind(str, Enum):
+    TARGET = "target"  # the target decoded it alone (no draft that round)
+    ACCEPTED = "accepted"  # drafted, and the target agreed
+    CORRECTION = "correction"  # the target's token in place of a rejected draft
+    BONUS = "bonus"  # the target's extra token after a fully accepted draft
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_tokens: int = 256
+    draft_max: int = 8
+    stop: tuple[str, ...] = ()
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text released by one emitted token (may be empty while a character or stop string is
+    incomplete). `token` is None for the text flushed when generation ends."""
+
+    token: int | None
+    kind: TokenKind
+    text: str
+
+
+@dataclass(frozen=True)
+class Round:
+    """One draft-and-verify round (or one plain target step when nothing was drafted)."""
+
+    drafted: int
+    accepted: int
+    source: str
+    draft_seconds: float
+    verify_seconds: float
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0
+    seconds: float = 0.0
+    first_token_seconds: float | None = None
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    draft_lengths: Counter = field(default_factory=Counter)
+    draft_sources: Counter = field(default_factory=Counter)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.seconds if self.seconds > 0 else 0.0
+
+    def add_round(self, r: Round) -> None:
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.target_passes += 1
+        self.draft_seconds += r.draft_seconds
+        self.verify_seconds += r.verify_seconds
+        self.draft_lengths[r.drafted] += 1
+        self.draft_sources[r.source] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": round(self.acceptance, 4),
+            "target_passes": self.target_passes,
+            "tokens_per_pass": round(self.tokens_per_pass, 4),
+            "seconds": round(self.seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "first_token_seconds": (
+                None if self.first_token_seconds is None else round(self.first_token_seconds, 4)
+            ),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "verify_seconds": round(self.verify_seconds, 4),
+            "draft_lengths": {str(k): v for k, v in sorted(self.draft_lengths.items())},
+            "draft_sources": dict(self.draft_sources),
+        }
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop", "stop_string", "length", "context"
+    stats: GenerationStats
+
+
+Event = Piece | Round | Finished
+
+
+class _TextAssembler:
+    """Bytes of tokens -> UTF-8 text, holding back what might be the start of a stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = [s for s in stops if s]
+        self._pending = ""
+        self.released = ""
+
+    def feed(self, data: bytes) -> tuple[str, bool]:
+        """Returns (text now safe to show, whether a stop string was reached)."""
+        self._pending += self._decoder.decode(data)
+        for stop in self._stops:
+            at = self._pending.find(stop)
+            if at >= 0:
+                return self._release(self._pending[:at]), True
+        hold = max((_overlap(self._pending, s) for s in self._stops), default=0)
+        return self._release(self._pending[: len(self._pending) - hold]), False
+
+    def flush(self) -> str:
+        return self._release(self._pending + self._decoder.decode(b"", final=True))
+
+    def _release(self, text: str) -> str:
+        self._pending = self._pending[len(text) :] if self._pending.startswith(text) else ""
+        self.released += text
+        return text
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+class _LazyDistributions(Sequence):
+    """Target distributions per verified row, computed only for rows the rule reaches."""
+
+    def __init__(self, rows: np.ndarray, sampling: SamplingSettings) -> None:
+        self._rows, self._sampling, self._cache = rows, sampling, {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if i not in self._cache:
+            self._cache[i] = distribution(self._rows[i], self._sampling)
+        return self._cache[i]
+
+
+class Generation:
+    """One answer. Iterate `events()`; `tokens`, `text` and `stats` stay readable if the
+    consumer stops early (Ctrl-C)."""
+
+    def __init__(
+        self,
+        target: Backend,
+        prompt: Sequence[int],
+        settings: GenerationSettings,
+        drafter: Drafter | None = None,
+        acceptance: AcceptanceRule = speculative_accept,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.settings = settings
+        self.acceptance = acceptance
+        self.prompt = list(prompt)
+        self.tokens: list[int] = []
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
+        self._rng = np.random.default_rng(settings.seed)
+        self._text = _TextAssembler(settings.stop)
+        self._n_ctx = target.n_ctx
+
+    @property
+    def text(self) -> str:
+        return self._text.released
+
+    def events(self) -> Iterator[Event]:
+        start = time.perf_counter()
+        finish_reason = None
+        while finish_reason is None:
+            room = min(
+                self.settings.max_tokens - len(self.tokens),
+                self._n_ctx - len(self.prompt) - len(self.tokens),
+            )
+            if room <= 0:
+                finish_reason = "length" if len(self.tokens) >= self.settings.max_tokens else "context"
+                break
+            draft, draft_seconds = self._draft(room - 1)
+            verdict, verify_seconds = self._verify(draft)
+            accepted = draft.tokens[: verdict.n_accepted]
+            round_ = Round(len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds)
+            self.stats.add_round(round_)
+            yield round_
+            for token, kind in self._label(draft, accepted, verdict.next_token):
+                piece, finish_reason = self._emit(token, kind, start)
+                yield piece
+                if finish_reason:
+                    break
+        tail = self._text.flush() if finish_reason != "stop_string" else ""
+        if tail:
+            yield Piece(None, TokenKind.TARGET, tail)
+        self.stats.seconds = time.perf_counter() - start
+        yield Finished(self.text, list(self.tokens), finish_reason, self.stats)
+
+    def _draft(self, max_len: int) -> tuple[Draft, float]:
+        k = min(self.settings.draft_max, max_len)
+        if self.drafter is None or k <= 0:
+            return Draft.empty(), 0.0
+        began = time.perf_counter()
+        draft = self.drafter.propose(self.prompt + self.tokens, k, self.settings.sampling, self._rng)
+        return draft, time.perf_counter() - began
+
+    def _verify(self, draft: Draft) -> tuple[Verdict, float]:
+        began = time.perf_counter()
+        # One batched decode: the last accepted token plus every draft token, a logit row each.
+        rows = logits_for_suffix(
+            self.target, self.prompt + self.tokens + draft.tokens, len(draft.tokens) + 1
+        )
+        sampling = self.settings.sampling
+        if sampling.greedy:
+            verdict = greedy_accept(draft.tokens, rows)
+        else:
+            targets = _LazyDistributions(rows, sampling)
+            verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
+        return verdict, time.perf_counter() - began
+
+    @staticmethod
+    def _label(draft: Draft, accepted: list[int], next_token: int):
+        for token in accepted:
+            yield token, TokenKind.ACCEPTED
+        if not draft.tokens:
+            yield next_token, TokenKind.TARGET
+        elif len(accepted) < len(draft.tokens):
+            yield next_token, TokenKind.CORRECTION
+        else:
+            yield next_token, TokenKind.BONUS
+
+    def _emit(self, token: int, kind: TokenKind, start: float) -> tuple[Piece, str | None]:
+        if self.stats.first_token_seconds is None:
+            self.stats.first_token_seconds = time.perf_counter() - start
+        if self.target.is_end_of_generation(token):
+            return Piece(token, kind, ""), "stop"
+        self.tokens.append(token)
+        self.stats.generated = len(self.tokens)
+        text, hit_stop = self._text.feed(self.target.token_bytes(token))
+        return Piece(token, kind, text), "stop_string" if hit_stop else None
+
