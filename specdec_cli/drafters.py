@@ -63,7 +63,10 @@ class ModelDrafter:
             self.steps += 1
             dist = distribution(row, sampling)
             token = dist.sample(rng) if not sampling.greedy else int(dist.ids[0])
-            if self.min_confidence > 0.0 and _confidence(row, token, dist, sampling) < self.min_confidence:
+            if (
+                self.min_confidence > 0.0
+                and _confidence(row, token, dist, sampling) < self.min_confidence
+            ):
                 break
             tokens.append(token)
             dists.append(dist)
@@ -73,7 +76,9 @@ class ModelDrafter:
         return Draft(tokens, dists, "model")
 
 
-def _confidence(row: np.ndarray, token: int, dist: Distribution, sampling: SamplingSettings) -> float:
+def _confidence(
+    row: np.ndarray, token: int, dist: Distribution, sampling: SamplingSettings
+) -> float:
     if not sampling.greedy:
         return dist.prob(token)
     shifted = np.exp(row - row[token])

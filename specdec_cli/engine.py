@@ -139,10 +139,9 @@ class _TextAssembler:
     def feed(self, data: bytes) -> tuple[str, bool]:
         """Returns (text now safe to show, whether a stop string was reached)."""
         self._pending += self._decoder.decode(data)
-        for stop in self._stops:
-            at = self._pending.find(stop)
-            if at >= 0:
-                return self._release(self._pending[:at]), True
+        hits = [at for at in (self._pending.find(s) for s in self._stops) if at >= 0]
+        if hits:  # cut at the earliest stop, whichever of them it is
+            return self._release(self._pending[: min(hits)]), True
         hold = max((_overlap(self._pending, s) for s in self._stops), default=0)
         return self._release(self._pending[: len(self._pending) - hold]), False
 
@@ -200,13 +199,20 @@ class Generation:
         self._rng = np.random.default_rng(settings.seed)
         self._text = _TextAssembler(settings.stop)
         self._n_ctx = target.n_ctx
+        self._started: float | None = None
 
     @property
     def text(self) -> str:
         return self._text.released
 
+    def interrupted(self) -> Finished:
+        """What was produced before the consumer stopped iterating (Ctrl-C)."""
+        if self._started is not None:
+            self.stats.seconds = time.perf_counter() - self._started
+        return Finished(self.text, list(self.tokens), "interrupted", self.stats)
+
     def events(self) -> Iterator[Event]:
-        start = time.perf_counter()
+        start = self._started = time.perf_counter()
         finish_reason = None
         while finish_reason is None:
             room = min(
@@ -214,12 +220,16 @@ class Generation:
                 self._n_ctx - len(self.prompt) - len(self.tokens),
             )
             if room <= 0:
-                finish_reason = "length" if len(self.tokens) >= self.settings.max_tokens else "context"
+                finish_reason = (
+                    "length" if len(self.tokens) >= self.settings.max_tokens else "context"
+                )
                 break
             draft, draft_seconds = self._draft(room - 1)
             verdict, verify_seconds = self._verify(draft)
             accepted = draft.tokens[: verdict.n_accepted]
-            round_ = Round(len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds)
+            round_ = Round(
+                len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds
+            )
             self.stats.add_round(round_)
             yield round_
             for token, kind in self._label(draft, accepted, verdict.next_token):
@@ -238,7 +248,9 @@ class Generation:
         if self.drafter is None or k <= 0:
             return Draft.empty(), 0.0
         began = time.perf_counter()
-        draft = self.drafter.propose(self.prompt + self.tokens, k, self.settings.sampling, self._rng)
+        draft = self.drafter.propose(
+            self.prompt + self.tokens, k, self.settings.sampling, self._rng
+        )
         return draft, time.perf_counter() - began
 
     def _verify(self, draft: Draft) -> tuple[Verdict, float]:
@@ -275,4 +287,3 @@ class Generation:
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
         return Piece(token, kind, text), "stop_string" if hit_stop else None
-

@@ -1,0 +1,68 @@
+"""Print the CMake flags for building llama-cpp-python safely on this machine.
+
+Runs standalone (no imports from the package): the Makefile calls it before specdec's
+dependencies exist. A native x86 build (-march=native) turns on AMX on CPUs that have it,
+and llama.cpp's AMX path crashes on the first decode on some of them, so on x86 Linux we
+list the instruction sets ourselves and leave AMX off. SPECDEC_CMAKE_ARGS, or CMAKE_ARGS,
+replaces the choice entirely (e.g. "-DGGML_CUDA=on").
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+# /proc/cpuinfo flag -> the ggml option it allows
+X86_FEATURES = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "bmi2": "GGML_BMI2",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
+ALWAYS_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+COMMON = ("-DLLAVA_BUILD=OFF",)  # the multimodal library: not used, a third of the build time
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def x86_args(flags: set[str]) -> list[str]:
+    args = ["-DGGML_NATIVE=OFF"]
+    args += [
+        f"-D{option}={'ON' if feature in flags else 'OFF'}"
+        for feature, option in X86_FEATURES.items()
+    ]
+    args += [f"-D{option}=OFF" for option in ALWAYS_OFF]
+    return args
+
+
+def cmake_args(environ: dict[str, str], machine: str, system: str, cpuinfo: str) -> str:
+    for variable in ("SPECDEC_CMAKE_ARGS", "CMAKE_ARGS"):
+        if environ.get(variable, "").strip():
+            return environ[variable].strip()
+    if system == "Linux" and machine in ("x86_64", "AMD64"):
+        return " ".join([*COMMON, *x86_args(cpu_flags(cpuinfo))])
+    return " ".join(COMMON)  # macOS builds Metal by default; ARM native builds are fine
+
+
+def main() -> None:
+    cpuinfo = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as handle:
+            cpuinfo = handle.read()
+    print(cmake_args(dict(os.environ), platform.machine(), platform.system(), cpuinfo))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The llama.cpp backend: the only module that imports llama_cpp.
+
+Uses the low-level batch API: one `llama_decode` per call with logits requested only for
+the rows the engine needs, read in place from llama.cpp's output buffer, and rollback
+with `llama_memory_seq_rm`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .backend import VocabInfo
+from .errors import ContextOverflowError, ModelFileError
+
+try:
+    import llama_cpp
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ModelFileError(
+        f"llama-cpp-python is not installed or failed to load ({exc}).",
+        "Run `make install` (it builds llama-cpp-python with flags safe for this CPU).",
+    ) from exc
+
+_SEQ = 0
+_verbose = False
+
+
+@llama_cpp.llama_log_callback
+def _log_to_stderr_when_verbose(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if _verbose:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def set_verbose(verbose: bool) -> None:
+    """llama.cpp logs a lot while loading; show it only when asked."""
+    global _verbose
+    _verbose = verbose
+    llama_cpp.llama_log_set(_log_to_stderr_when_verbose, ctypes.c_void_p(0))
+
+
+set_verbose(False)
+llama_cpp.llama_backend_init()
+
+
+def default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def library_version() -> str:
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+class LlamaBackend:
+    """One GGUF model with one context and a single KV-cache sequence."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = 512,
+    ) -> None:
+        self.path = Path(path)
+        self._model = _load_model(self.path, n_gpu_layers)
+        self._refuse_unrollbackable_memory()
+        self._ctx = self._new_context(n_ctx, n_batch, n_threads or default_threads())
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.cached: list[int] = []
+        self.tokens_decoded = 0
+        self.decode_calls = 0
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+        self._init_batch()
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _refuse_unrollbackable_memory(self) -> None:
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(
+            self._model
+        ):
+            self.close()
+            raise ModelFileError(
+                f"{self.path.name} is a recurrent or hybrid model: its memory cannot roll back "
+                "rejected draft tokens.",
+                "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
+            )
+
+    def _new_context(self, n_ctx: int, n_batch: int, n_threads: int):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = n_threads
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not ctx:
+            self.close()
+            raise ModelFileError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}.",
+                "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
+            )
+        return ctx
+
+    def _init_batch(self) -> None:
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        n = self.n_batch
+        self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._batch_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))[:] = 1
+        for i in range(n):  # once per backend: every slot belongs to sequence 0
+            self._batch.seq_id[i][0] = _SEQ
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # -- the Backend protocol --------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+        if not 1 <= n_logit_rows <= min(len(tokens), self.n_batch):
+            raise ValueError(f"cannot return {n_logit_rows} logit rows for {len(tokens)} tokens")
+        if len(self.cached) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{len(self.cached) + len(tokens)} tokens do not fit the context of {self.n_ctx}.",
+                "Raise --ctx-size or shorten the prompt.",
+            )
+        tokens = list(tokens)
+        # Chunks are cut from the end, so the rows asked for all fall in the last decode.
+        first = len(tokens) % self.n_batch or self.n_batch
+        bounds = [0, *range(first, len(tokens) + 1, self.n_batch)]
+        for start, stop in zip(bounds, bounds[1:], strict=False):
+            is_last = stop == len(tokens)
+            self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
+        logits = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(logits, shape=(n_logit_rows, self.n_vocab))
+
+    def _decode_chunk(self, chunk: list[int], n_logit_rows: int) -> None:
+        n = len(chunk)
+        base = len(self.cached)
+        self._batch_token[:n] = chunk
+        self._batch_pos[:n] = np.arange(base, base + n)
+        self._batch_logits[:n] = 0
+        if n_logit_rows:
+            self._batch_logits[n - n_logit_rows : n] = 1
+        self._batch.n_tokens = n
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            raise ContextOverflowError(
+                f"llama_decode failed with status {status} at position {base} "
+                f"(context {self.n_ctx}).",
+                "Raise --ctx-size or shorten the prompt.",
+            )
+        self.cached.extend(chunk)
+        self.tokens_decoded += n
+        self.decode_calls += 1
+
+    def truncate(self, n_keep: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
+            raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")
+        del self.cached[n_keep:]
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self.cached.clear()
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(
+            self._vocab, data, len(data), buffer, capacity, add_special, parse_special
+        )
+        if n < 0:
+            capacity = -n
+            buffer = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buffer, capacity, add_special, parse_special
+            )
+        return list(buffer[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(256)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, False)
+            piece = self._pieces[token] = buffer.raw[: max(n, 0)]
+        return piece
+
+    def is_end_of_generation(self, token: int) -> bool:
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
+
+    def vocab_info(self) -> VocabInfo:
+        v = self._vocab
+        return VocabInfo(
+            vocab_type=int(llama_cpp.llama_vocab_type(v)),
+            n_vocab=self.n_vocab,
+            bos=int(llama_cpp.llama_vocab_bos(v)),
+            eos=int(llama_cpp.llama_vocab_eos(v)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+
+    def token_text(self, token: int) -> str:
+        return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def chat_template(self) -> str | None:
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8") if template else None
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        """Render messages through the GGUF's own chat template, as llama-cpp-python does."""
+        template = self.chat_template()
+        if template is None:
+            raise ModelFileError(
+                f"{self.path.name} has no chat template in its metadata.",
+                "Pass --raw to send the prompt as plain text.",
+            )
+        info = self.vocab_info()
+        formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=self.token_text(info.eos) if info.eos >= 0 else "",
+            bos_token=self.token_text(info.bos) if info.bos >= 0 else "",
+        )
+        return formatter(messages=messages).prompt
+
+    # -- description -----------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        buffer = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, buffer, 256)
+        return {
+            "path": str(self.path),
+            "description": buffer.value.decode("utf-8", errors="replace"),
+            "parameters": int(llama_cpp.llama_model_n_params(self._model)),
+            "bytes": int(llama_cpp.llama_model_size(self._model)),
+            "n_vocab": self.n_vocab,
+            "n_ctx": self.n_ctx,
+        }
+
+
+def _load_model(path: Path, n_gpu_layers: int):
+    if not path.is_file():
+        raise ModelFileError(
+            f"model file not found: {path}", "Check the path, or use a name from `specdec models`."
+        )
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise ModelFileError(
+                f"{path} is not a GGUF file.", "Pass a .gguf model (llama.cpp's format)."
+            )
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+    if not model:
+        raise ModelFileError(
+            f"llama.cpp could not load {path}.",
+            "The file may be truncated or of an architecture this llama.cpp build does not know; "
+            "run with --verbose to see llama.cpp's log.",
+        )
+    return model
