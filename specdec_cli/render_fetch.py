@@ -1,0 +1,102 @@
+"""Rich output for model downloads and the `specdec models` table (stderr / stdout)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from specdec_cli.fetch import ModelStatus, ResolvedModel
+
+
+class RichFetchProgress:
+    """A FetchProgress drawing one bar per file (bytes, speed, ETA) on stderr.
+
+    When stderr is not a terminal it prints one line per finished file instead of a bar.
+    """
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._label = ""
+        self._done = 0
+
+    def start(self, label: str, total: int | None) -> None:
+        self._label, self._done = label, 0
+        if not self.console.is_terminal:
+            return
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(label, total=total)
+
+    def advance(self, nbytes: int) -> None:
+        self._done += nbytes
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, nbytes)
+
+    def finish(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = self._task = None
+        elif self._label:
+            self.console.print(f"fetched {self._label}: {_human_bytes(self._done)}")
+        self._label = ""
+
+    def note(self, message: str) -> None:
+        self.console.print(f"[yellow]{message}[/yellow]", soft_wrap=True)
+
+
+def print_pulled(models: Sequence[ResolvedModel], console: Console | None = None) -> None:
+    """One line per model on stdout: name and local path, easy to use from scripts."""
+    console = console or Console()
+    for model in models:
+        console.print(f"{model.name}\t{model.path}", soft_wrap=True, highlight=False)
+
+
+def print_models_json(statuses: Sequence[ModelStatus], console: Console | None = None) -> None:
+    (console or Console()).print_json(json.dumps([s.to_json() for s in statuses]))
+
+
+def print_models_table(statuses: Sequence[ModelStatus], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title="Models (specdec pull NAME to download)", title_justify="left")
+    for column in ("name", "role", "family", "params", "quant", "size", "local", "drafter for"):
+        table.add_column(column, overflow="fold")
+    for s in statuses:
+        table.add_row(
+            _name_cell(s), s.role or "", s.family, s.params or "", s.quant or "",
+            _human_bytes(s.size) if s.size else "?",
+            f"[green]{s.path}[/green]" if s.path else "[dim]not downloaded[/dim]",
+            ", ".join(s.drafter_for) or ("" if s.vocab else "[dim]unknown vocab[/dim]"),
+        )
+    console.print(table)
+
+
+def _name_cell(status: ModelStatus) -> str:
+    if not status.aliases:
+        return status.name
+    return f"{status.name} [dim]({', '.join(status.aliases)})[/dim]"
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
