@@ -78,6 +78,8 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
         render.print_json(sys.stdout, _record(request, finished, comparison, plain))
     else:
         answer.finish_line()
+        if interrupted:
+            err.print("[yellow]interrupted:[/yellow] the answer above is partial.")
         if err.is_terminal or request.verify:
             render.print_stats(err, finished.stats, finished.finish_reason)
         if comparison is not None:

@@ -175,7 +175,13 @@ class TinyConfig:
 
 
 def _weights(
-    seed: int, cfg: TinyConfig, n_vocab: int, logit_scale: float, vocab: Vocab, eos_scale: float
+    seed: int,
+    cfg: TinyConfig,
+    n_vocab: int,
+    logit_scale: float,
+    vocab: Vocab,
+    eos_scale: float,
+    byte_scale: float = 0.6,
 ) -> dict[str, np.ndarray]:
     """Random weights in numpy (out_features, in_features) layout, as GGUFWriter wants."""
     d, hd = cfg.n_embd, cfg.n_embd // cfg.n_head
@@ -207,7 +213,7 @@ def _weights(
         if i >= n_vocab:
             break
         if typ == T.BYTE:
-            row_scale[i] = 0.6
+            row_scale[i] = byte_scale
         elif i == EOS_ID or text == IM_END:
             row_scale[i] = eos_scale
         elif typ in (T.CONTROL, T.UNKNOWN):
@@ -225,6 +231,7 @@ def write_tiny_llama(
     noise: float = 0.0,
     logit_scale: float = 16.0,
     eos_scale: float = 1.0,
+    byte_scale: float = 0.6,
     chat_template: bool | str = True,
     config: TinyConfig = TinyConfig(),
     dtype: type[np.floating] = np.float32,
@@ -240,7 +247,7 @@ def write_tiny_llama(
     path = Path(path)
     n_vocab = len(vocab)
     base_seed = seed if perturb_from is None else perturb_from
-    weights = _weights(base_seed, config, n_vocab, logit_scale, vocab, eos_scale)
+    weights = _weights(base_seed, config, n_vocab, logit_scale, vocab, eos_scale, byte_scale)
     if perturb_from is not None and noise > 0:
         for k, (tname, arr) in enumerate(sorted(weights.items())):
             rng = np.random.default_rng([seed, 7919, k])

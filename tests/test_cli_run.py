@@ -1,0 +1,216 @@
+"""`specdec run` end to end on tiny GGUF models: output, JSON, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from tiny_gguf import write_tiny_llama
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+
+runner = CliRunner()
+PROMPTS = ["the cat sat on", "one two three four", "what is the time"]
+
+
+def invoke(args: list[str], stdin: str = "") -> object:
+    return runner.invoke(app, args, input=stdin)
+
+
+def run_json(tiny_models, prompt: str, *extra: str) -> dict:
+    args = ["run", prompt, "--raw", "--target", str(tiny_models.target), "--json", *extra]
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculative_output_equals_the_target_alone(tiny_models, prompt):
+    speculative = run_json(
+        tiny_models, prompt, "--draft", str(tiny_models.close_drafter), "-n", "48"
+    )
+    plain = run_json(tiny_models, prompt, "--no-draft", "-n", "48")
+    assert speculative["tokens"] == plain["tokens"]
+    assert speculative["text"] == plain["text"]
+    assert speculative["stats"]["accepted"] > 0
+    assert plain["stats"]["drafted"] == 0
+
+
+def test_json_record_is_complete_and_consistent(tiny_models):
+    record = run_json(tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "-n", "40")
+    stats = record["stats"]
+    assert set(record) >= {"text", "tokens", "finish_reason", "stats", "settings"}
+    assert record["finish_reason"] == "length"
+    assert stats["generated_tokens"] == len(record["tokens"]) == 40
+    assert 0 <= stats["accepted"] <= stats["drafted"]
+    assert stats["tokens_per_pass"] == pytest.approx(40 / stats["target_passes"], abs=1e-3)
+    assert stats["acceptance"] == pytest.approx(stats["accepted"] / stats["drafted"], abs=1e-3)
+    assert record["settings"]["draft_max"] == 8
+    assert record["settings"]["sampling"]["temperature"] == 0.0
+
+
+def test_verify_reports_identical_output(tiny_models):
+    record = run_json(
+        tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "-n", "32", "--verify"
+    )
+    assert record["verify"]["identical"] is True
+    assert record["verify"]["target_alone"]["generated_tokens"] == 32
+
+
+def test_incompatible_drafter_is_one_line_and_exit_1(tiny_models):
+    result = invoke(
+        [
+            "run",
+            "hi",
+            "--raw",
+            "--target",
+            str(tiny_models.target),
+            "--draft",
+            str(tiny_models.incompatible),
+        ]
+    )
+    assert result.exit_code == 1
+    assert "vocabularies differ" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_force_uses_an_incompatible_drafter_anyway(tiny_models):
+    result = invoke(
+        [
+            "run",
+            "hi",
+            "--raw",
+            "-n",
+            "8",
+            "--target",
+            str(tiny_models.target),
+            "--draft",
+            str(tiny_models.incompatible),
+            "--force",
+        ]
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_missing_model_file(tiny_models, tmp_path):
+    result = invoke(["run", "hi", "--target", str(tmp_path / "none.gguf"), "--no-draft"])
+    assert result.exit_code == 1
+    assert "not found" in result.stderr
+
+
+def test_no_prompt_is_bad_usage(tiny_models):
+    result = invoke(["run", "--target", str(tiny_models.target), "--no-draft"])
+    assert result.exit_code == 2
+    assert "no prompt" in result.stderr
+
+
+def test_unknown_option_is_bad_usage():
+    assert invoke(["run", "--no-such-option"]).exit_code == 2
+
+
+def test_piped_stdin_comes_after_the_argument(tiny_models):
+    args = [
+        "run",
+        "Summarise:",
+        "--raw",
+        "--no-draft",
+        "-n",
+        "4",
+        "--json",
+        "--target",
+        str(tiny_models.target),
+    ]
+    piped = json.loads(invoke(args, stdin="the cat sat on the mat").stdout)
+    joined = run_json(tiny_models, "Summarise:\n\nthe cat sat on the mat", "--no-draft", "-n", "4")
+    alone = run_json(tiny_models, "Summarise:", "--no-draft", "-n", "4")
+    assert piped["stats"]["prompt_tokens"] == joined["stats"]["prompt_tokens"]
+    assert piped["tokens"] == joined["tokens"]
+    assert alone["stats"]["prompt_tokens"] < joined["stats"]["prompt_tokens"]
+
+
+def test_prompt_longer_than_the_context(tiny_models):
+    result = invoke(
+        [
+            "run",
+            "the cat " * 200,
+            "--raw",
+            "--no-draft",
+            "--ctx-size",
+            "64",
+            "--target",
+            str(tiny_models.target),
+        ]
+    )
+    assert result.exit_code == 1
+    assert "the prompt is" in result.stderr and "context holds" in result.stderr
+    assert "--ctx-size" in result.stderr
+
+
+def test_stop_string_cuts_the_answer(tiny_models):
+    full = run_json(tiny_models, "the cat", "--no-draft", "-n", "40")["text"]
+    stop = full[10:13]
+    cut = run_json(tiny_models, "the cat", "--no-draft", "-n", "40", "--stop", stop)
+    assert cut["finish_reason"] == "stop_string"
+    assert cut["text"] == full[: full.index(stop)]
+
+
+def test_chat_template_is_used_unless_raw(tiny_models):
+    templated = run_json(tiny_models, "hi", "--no-draft", "-n", "2")
+    args = ["run", "hi", "--no-draft", "-n", "2", "--json", "--target", str(tiny_models.target)]
+    chat = json.loads(invoke(args).stdout)
+    assert chat["stats"]["prompt_tokens"] > templated["stats"]["prompt_tokens"]
+
+
+def _specdec(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "specdec_cli", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        **kwargs,
+    )
+
+
+def test_streamed_stdout_is_valid_utf8_when_characters_span_tokens(tmp_path):
+    target = write_tiny_llama(tmp_path / "t.gguf", seed=3, byte_scale=4.0)
+    drafter = write_tiny_llama(
+        tmp_path / "d.gguf", seed=5, perturb_from=3, noise=0.02, byte_scale=4.0
+    )
+    common = ["run", "hello", "--raw", "-n", "40", "--target", str(target), "--draft", str(drafter)]
+    streamed = _specdec(*common).communicate(timeout=120)[0]
+    record = json.loads(_specdec(*common, "--json").communicate(timeout=120)[0])
+    text = streamed.decode("utf-8")  # strict: raises on a split character
+    assert text == record["text"] + "\n"
+    assert any(ord(c) > 127 and c != "\ufffd" for c in text)  # a multi-byte character made it
+
+
+def test_ctrl_c_keeps_the_partial_answer_and_exits_130(tiny_models):
+    process = _specdec(
+        "run",
+        "the cat",
+        "--raw",
+        "-n",
+        "100000",
+        "--ctx-size",
+        "32768",
+        "--target",
+        str(tiny_models.target),
+        "--draft",
+        str(tiny_models.close_drafter),
+    )
+    first = process.stdout.read(8)
+    time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    rest, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert len(first + rest) > 8
+    assert b"interrupted" in stderr
