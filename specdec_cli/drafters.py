@@ -39,7 +39,7 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A small model run ahead of the target, one token per decode.
 
-    Drafting stops early when the drafter's own probability for its token falls below
+    Drafting stops early when the drafter's probability for its likeliest token falls below
     `min_confidence`: an unsure drafter is usually wrong, and a wasted draft step costs
     about half a target step on CPU.
     """
@@ -62,12 +62,11 @@ class ModelDrafter:
             row = logits_for_suffix(self.backend, sequence, 1)[0]
             self.steps += 1
             dist = distribution(row, sampling)
-            token = dist.sample(rng) if not sampling.greedy else int(dist.ids[0])
-            if (
-                self.min_confidence > 0.0
-                and _confidence(row, token, dist, sampling) < self.min_confidence
-            ):
+            # Decide before drawing: a stop that depends on the drawn token would bias the
+            # drafts the exact rule sees, and answers would no longer follow the target.
+            if self.min_confidence > 0.0 and _confidence(row, dist, sampling) < self.min_confidence:
                 break
+            token = dist.sample(rng) if not sampling.greedy else int(dist.ids[0])
             tokens.append(token)
             dists.append(dist)
             sequence.append(token)
@@ -76,10 +75,9 @@ class ModelDrafter:
         return Draft(tokens, dists, "model")
 
 
-def _confidence(
-    row: np.ndarray, token: int, dist: Distribution, sampling: SamplingSettings
-) -> float:
+def _confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) -> float:
+    """The drafter's probability for its likeliest token (raw softmax when greedy)."""
     if not sampling.greedy:
-        return dist.prob(token)
-    shifted = np.exp(row - row[token])
+        return float(dist.probs[0])
+    shifted = np.exp(row - row.max())
     return float(1.0 / shifted.sum())

@@ -61,17 +61,18 @@ def distribution(logits: np.ndarray, settings: SamplingSettings) -> Distribution
     n = logits.shape[-1]
     k = settings.top_k if 0 < settings.top_k < n else n
     candidates = np.argpartition(logits, n - k)[n - k :] if k < n else np.arange(n)
-    scaled = logits[candidates].astype(np.float64) / settings.temperature
-    order = np.argsort(-scaled, kind="stable")
-    candidates, scaled = candidates[order], scaled[order]
-    probs = np.exp(scaled - scaled[0])
+    chosen = logits[candidates].astype(np.float64)
+    order = np.argsort(-chosen, kind="stable")
+    candidates, chosen = candidates[order], chosen[order]
+    # llama.cpp cuts top-p and min-p on the unscaled softmax; temperature comes last.
+    probs = np.exp(chosen - chosen[0])
     probs /= probs.sum()
     keep = len(probs)
     if settings.top_p < 1.0:
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), settings.top_p)) + 1)
     if settings.min_p > 0.0:
         keep = min(keep, int(np.count_nonzero(probs >= settings.min_p * probs[0])))
-    kept = probs[:keep]
+    kept = np.exp((chosen[:keep] - chosen[0]) / settings.temperature)
     return Distribution(candidates[:keep].astype(np.int64), kept / kept.sum())
 
 

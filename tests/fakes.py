@@ -1,0 +1,244 @@
+"""A scripted Backend for testing the engine without llama.cpp, and models to script it with.
+
+A model here is just `logits_fn(prefix) -> n_vocab floats`, where `prefix` is every token
+so far (prompt included). `FakeBackend` plays one with the same cache bookkeeping as a real
+backend, and counts what it decodes so tests can check that only new tokens are decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec_cli.backend import VocabInfo
+from specdec_cli.drafters import Draft, ModelDrafter
+from specdec_cli.sampling import Distribution, SamplingSettings
+
+LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
+
+
+class FakeBackend:
+    """Implements the Backend protocol with scripted logits.
+
+    Logits are cached per prefix (the statistical tests decode the same few prefixes tens
+    of thousands of times), so `logits_fn` must be a pure function of the prefix.
+    """
+
+    def __init__(
+        self,
+        logits_fn: LogitsFn,
+        n_vocab: int,
+        n_ctx: int = 512,
+        end_of_generation: Iterable[int] = (),
+        pieces: Mapping[int, bytes] | Sequence[bytes] | None = None,
+    ) -> None:
+        self.logits_fn = logits_fn
+        self.n_vocab = n_vocab
+        self.n_ctx = n_ctx
+        self.cached: list[int] = []
+        self.end_of_generation = frozenset(end_of_generation)
+        if pieces is None:
+            pieces = letter_pieces(n_vocab, self.end_of_generation)
+        self.pieces = dict(pieces) if isinstance(pieces, Mapping) else dict(enumerate(pieces))
+        self.decode_calls = 0
+        self.tokens_decoded = 0
+        self.max_cached = 0
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+        self._batches: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+
+    def logits(self, prefix: tuple[int, ...]) -> np.ndarray:
+        row = self._rows.get(prefix)
+        if row is None:
+            row = np.asarray(self.logits_fn(prefix), dtype=np.float32)
+            if row.shape != (self.n_vocab,):
+                raise ValueError(f"logits_fn gave shape {row.shape}, want ({self.n_vocab},)")
+            row.flags.writeable = False
+            self._rows[prefix] = row
+        return row
+
+    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+        if not 1 <= n_logit_rows <= len(tokens):
+            raise ValueError(f"asked for {n_logit_rows} rows from a batch of {len(tokens)}")
+        if len(self.cached) + len(tokens) > self.n_ctx:
+            raise RuntimeError(
+                f"context overflow: {len(self.cached)} cached + {len(tokens)} > n_ctx {self.n_ctx}"
+            )
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
+            raise ValueError(f"a token in {list(tokens)} is outside the vocabulary")
+        self.decode_calls += 1
+        self.tokens_decoded += len(tokens)
+        self.cached.extend(int(t) for t in tokens)
+        self.max_cached = max(self.max_cached, len(self.cached))
+        key = (tuple(self.cached), n_logit_rows)
+        rows = self._batches.get(key)
+        if rows is None:
+            full, end = key[0], len(key[0])
+            rows = np.stack([self.logits(full[: p + 1]) for p in range(end - n_logit_rows, end)])
+            rows.flags.writeable = False
+            self._batches[key] = rows
+        return rows
+
+    def truncate(self, n_keep: int) -> None:
+        del self.cached[n_keep:]
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """Greedy longest match against the pieces (no specials are ever added)."""
+        data, out = text.encode(), []
+        by_length = sorted(
+            ((p, t) for t, p in self.pieces.items() if p), key=lambda pt: -len(pt[0])
+        )
+        while data:
+            for piece, token in by_length:
+                if data.startswith(piece):
+                    out.append(token)
+                    data = data[len(piece) :]
+                    break
+            else:
+                raise ValueError(f"cannot tokenize {data!r}")
+        return out
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.pieces.get(token, b"")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token in self.end_of_generation
+
+    def vocab_info(self) -> VocabInfo:
+        eos = min(self.end_of_generation, default=-1)
+        return VocabInfo(
+            vocab_type=2, n_vocab=self.n_vocab, bos=-1, eos=eos, add_bos=False, add_eos=False
+        )
+
+    def token_text(self, token: int) -> str:
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    def twin(self, logits_fn: LogitsFn | None = None, **changes) -> FakeBackend:
+        """A fresh backend with the same vocabulary (a drafter for this one)."""
+        kwargs = dict(
+            n_vocab=self.n_vocab,
+            n_ctx=self.n_ctx,
+            end_of_generation=self.end_of_generation,
+            pieces=self.pieces,
+        )
+        kwargs.update(changes)
+        return FakeBackend(logits_fn or self.logits_fn, **kwargs)
+
+
+def letter_pieces(n_vocab: int, end_of_generation: Iterable[int] = ()) -> dict[int, bytes]:
+    """Token i spells one letter ('a', 'b', ...); end-of-generation tokens spell nothing."""
+    eog = set(end_of_generation)
+    return {t: b"" if t in eog else bytes([ord("a") + t % 26]) for t in range(n_vocab)}
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def table_model(n_vocab: int, seed: int, context: int | None = 1, scale: float = 2.0) -> LogitsFn:
+    """Random logits that depend on the last `context` tokens (all of them when None).
+
+    Each distinct context gets its own N(0, scale) logits, reproducible from `seed`.
+    """
+
+    def logits(prefix: tuple[int, ...]) -> np.ndarray:
+        key = prefix if context is None else prefix[-context:]
+        rng = np.random.default_rng([seed, len(key), *key])
+        return rng.normal(0.0, scale, n_vocab)
+
+    return logits
+
+
+def scripted_model(
+    next_token: Callable[[tuple[int, ...]], int], n_vocab: int, margin: float = 10.0
+) -> LogitsFn:
+    """Logits with one clear winner, `next_token(prefix)`, `margin` above the rest."""
+
+    def logits(prefix: tuple[int, ...]) -> np.ndarray:
+        row = np.zeros(n_vocab)
+        row[next_token(prefix)] = margin
+        return row
+
+    return logits
+
+
+def sequence_model(
+    script: Sequence[int], prompt_len: int, n_vocab: int, after: int = 0
+) -> LogitsFn:
+    """Greedy output is exactly `script` after a prompt of `prompt_len` tokens, then `after`."""
+
+    def next_token(prefix: tuple[int, ...]) -> int:
+        i = len(prefix) - prompt_len
+        return script[i] if 0 <= i < len(script) else after
+
+    return scripted_model(next_token, n_vocab)
+
+
+def negated(model: LogitsFn) -> LogitsFn:
+    """A model very unlike `model`: its likeliest tokens become the least likely."""
+    return lambda prefix: -np.asarray(model(prefix))
+
+
+def blended(model: LogitsFn, other: LogitsFn, weight: float) -> LogitsFn:
+    """(1 - weight) * model + weight * other: a drafter somewhat like the target."""
+    return lambda prefix: (
+        (1.0 - weight) * np.asarray(model(prefix)) + weight * np.asarray(other(prefix))
+    )
+
+
+def always_wrong(model: LogitsFn, n_vocab: int) -> LogitsFn:
+    """A model whose argmax is never `model`'s: greedy drafts from it are always rejected."""
+
+    def logits(prefix: tuple[int, ...]) -> np.ndarray:
+        wrong = (int(np.argmax(model(prefix))) + 1) % n_vocab
+        row = np.zeros(n_vocab)
+        row[wrong] = 10.0
+        return row
+
+    return logits
+
+
+# --- drafters ---------------------------------------------------------------------------------
+
+
+def model_drafter(
+    target: FakeBackend,
+    logits_fn: LogitsFn | None = None,
+    min_confidence: float = 0.0,
+    **backend_changes,
+) -> ModelDrafter:
+    """A ModelDrafter over a twin of `target` (the same model unless `logits_fn` is given)."""
+    return ModelDrafter(target.twin(logits_fn, **backend_changes), min_confidence=min_confidence)
+
+
+@dataclass
+class RecordingDrafter:
+    """Wraps a drafter and keeps every draft it proposed."""
+
+    inner: object
+    drafts: list[Draft]
+
+    def __init__(self, inner) -> None:
+        self.inner, self.drafts = inner, []
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+    ) -> Draft:
+        draft = self.inner.propose(context, max_tokens, sampling, rng)
+        self.drafts.append(draft)
+        return draft
+
+
+@dataclass
+class FixedDrafter:
+    """Proposes the same tokens every round (as point masses), up to `max_tokens`."""
+
+    tokens: list[int]
+
+    def propose(self, context, max_tokens, sampling, rng) -> Draft:
+        tokens = self.tokens[:max_tokens]
+        return Draft(list(tokens), [Distribution.point(t) for t in tokens], "fixed")

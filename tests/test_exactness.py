@@ -1,0 +1,194 @@
+"""Speculative sampling must produce exactly the target's distribution over whole answers.
+
+On a 4-token vocabulary (3 words and EOS) and answers of at most 4 tokens, the target's
+probability of every possible answer is computed exactly, by multiplying its processed
+next-token distributions along the answer. Then 20,000 answers are drawn through
+`Generation` with a model drafter, and a chi-square goodness-of-fit test compares the
+counts with the exact probabilities. The same harness must reject rules known to be wrong,
+so a pass means something.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from fakes import FakeBackend, blended, negated, table_model
+from scipy import stats
+
+from specdec_cli.drafters import ModelDrafter
+from specdec_cli.engine import Finished, Generation, GenerationSettings
+from specdec_cli.sampling import (
+    AcceptanceRule,
+    Distribution,
+    SamplingSettings,
+    Verdict,
+    distribution,
+    speculative_accept,
+)
+
+N_VOCAB = 4
+EOS = 3
+LENGTH = 4  # max_tokens
+PROMPT = [0, 1]
+SAMPLES = 20_000
+PASS_P = 1e-3  # a correct rule fails about one run in a thousand per case
+REJECT_P = 1e-6
+
+TARGET = table_model(N_VOCAB, seed=1, context=None, scale=1.5)  # depends on the whole prefix
+DRAFTERS = {
+    "similar": blended(TARGET, table_model(N_VOCAB, seed=2, context=None, scale=1.5), 0.4),
+    "unlike": negated(TARGET),
+    "same": TARGET,
+}
+
+
+def settings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> SamplingSettings:
+    return SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def exact_distribution(target: FakeBackend, sampling: SamplingSettings) -> dict[tuple, float]:
+    """P(answer) for every answer; an answer ending in EOS keeps the EOS as its last item."""
+    out: dict[tuple, float] = {}
+
+    def walk(answer: tuple[int, ...], prob: float) -> None:
+        if len(answer) == LENGTH:
+            out[answer] = prob
+            return
+        dist = distribution(target.logits(tuple(PROMPT) + answer), sampling)
+        for token, p in zip(dist.ids.tolist(), dist.probs.tolist(), strict=True):
+            if token == EOS:
+                out[answer + (EOS,)] = prob * p
+            else:
+                walk(answer + (token,), prob * p)
+
+    walk((), 1.0)
+    return out
+
+
+def draw(
+    sampling: SamplingSettings,
+    drafter_model: str,
+    acceptance: AcceptanceRule = speculative_accept,
+    min_confidence: float = 0.0,
+    samples: int = SAMPLES,
+) -> tuple[FakeBackend, Counter]:
+    target = FakeBackend(TARGET, N_VOCAB, end_of_generation={EOS})
+    drafter = ModelDrafter(target.twin(DRAFTERS[drafter_model]), min_confidence=min_confidence)
+    counts: Counter = Counter()
+    for seed in range(samples):
+        gen_settings = GenerationSettings(
+            max_tokens=LENGTH, draft_max=3, sampling=sampling, seed=seed
+        )
+        *_, done = Generation(target, PROMPT, gen_settings, drafter, acceptance).events()
+        assert isinstance(done, Finished)
+        eos = (EOS,) if done.finish_reason == "stop" else ()
+        counts[tuple(done.tokens) + eos] += 1
+    return target, counts
+
+
+def chi_square_p(counts: Counter, expected: dict[tuple, float]) -> float:
+    """Chi-square p-value, bins expecting < 5 pooled; 0.0 if an impossible answer came up."""
+    n = sum(counts.values())
+    if any(answer not in expected or expected[answer] == 0.0 for answer in counts):
+        return 0.0
+    answers = sorted(expected, key=lambda a: expected[a])
+    exp = np.array([expected[a] * n for a in answers])
+    obs = np.array([counts.get(a, 0) for a in answers], dtype=float)
+    # Pool every bin expecting < 5, then more of the smallest until the pool expects >= 5.
+    cut = int(np.count_nonzero(exp < 5.0))
+    while 0 < cut < len(exp) and exp[:cut].sum() < 5.0:
+        cut += 1
+    if cut:
+        exp = np.concatenate([[exp[:cut].sum()], exp[cut:]])
+        obs = np.concatenate([[obs[:cut].sum()], obs[cut:]])
+    assert np.all(exp >= 5.0) and len(exp) > 1
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def fit(sampling: SamplingSettings, drafter_model: str, **kwargs) -> tuple[float, Counter]:
+    target, counts = draw(sampling, drafter_model, **kwargs)
+    return chi_square_p(counts, exact_distribution(target, sampling)), counts
+
+
+CASES = {
+    "t1.0": (settings(1.0), "similar"),
+    "t0.7-topk3": (settings(0.7, top_k=3), "similar"),
+    "t1.3-topp0.8": (settings(1.3, top_p=0.8), "similar"),
+    "minp0.2": (settings(1.0, min_p=0.2), "similar"),
+    "t1.0-unlike": (settings(1.0), "unlike"),
+    "t0.8-all-cuts-unlike": (settings(0.8, top_k=3, top_p=0.9, min_p=0.1), "unlike"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculative_sampling_matches_the_target_exactly(case):
+    sampling, drafter_model = CASES[case]
+    p, counts = fit(sampling, drafter_model)
+    assert p > PASS_P, f"{case}: chi-square p={p:.3g}; counts {counts.most_common(8)}"
+
+
+def test_drafter_confidence_cutoff_keeps_sampling_exact():
+    # Stopping a draft early must not depend on the token the drafter just drew.
+    p, _ = fit(settings(1.0), "similar", min_confidence=0.45)
+    assert p > PASS_P, f"chi-square p={p:.3g}"
+
+
+# --- the harness has the power to catch wrong rules -------------------------------------------
+
+
+def accept_everything(
+    draft: Sequence[int],
+    draft_dists: Sequence[Distribution],
+    target_dists: Sequence[Distribution],
+    rng: np.random.Generator,
+) -> Verdict:
+    return Verdict(len(draft), target_dists[len(draft)].sample(rng))
+
+
+def resample_from_target_on_rejection(
+    draft: Sequence[int],
+    draft_dists: Sequence[Distribution],
+    target_dists: Sequence[Distribution],
+    rng: np.random.Generator,
+) -> Verdict:
+    """The classic slip: the right acceptance test, but the replacement drawn from p, not
+    from the residual."""
+    for i, token in enumerate(draft):
+        p, q = target_dists[i].prob(token), draft_dists[i].prob(token)
+        if rng.random() * q >= p:
+            return Verdict(i, target_dists[i].sample(rng))
+    return Verdict(len(draft), target_dists[len(draft)].sample(rng))
+
+
+@pytest.mark.parametrize(
+    "rule", [accept_everything, resample_from_target_on_rejection], ids=lambda r: r.__name__
+)
+def test_the_harness_rejects_a_wrong_rule(rule):
+    p, _ = fit(settings(1.0), "unlike", acceptance=rule)
+    assert p < REJECT_P, f"{rule.__name__} passed the fit (p={p:.3g}): the test has no power"
+
+
+def test_exact_distribution_sums_to_one_and_covers_every_answer():
+    target = FakeBackend(TARGET, N_VOCAB, end_of_generation={EOS})
+    for sampling, _ in CASES.values():
+        expected = exact_distribution(target, sampling)
+        assert sum(expected.values()) == pytest.approx(1.0)
+    expected = exact_distribution(target, settings(1.0))
+    words = range(N_VOCAB - 1)
+    every = {a for n in range(LENGTH) for a in itertools.product(words, repeat=n)}
+    assert set(expected) == {a + (EOS,) for a in every} | set(
+        itertools.product(words, repeat=LENGTH)
+    )
+
+
+def test_a_drafter_equal_to_the_target_only_produces_possible_answers():
+    # With q == p every draft is kept; the cuts must still rule out what the target rules out.
+    sampling = settings(0.9, top_k=2)
+    target, counts = draw(sampling, "same", samples=2_000)
+    expected = exact_distribution(target, sampling)
+    assert all(expected.get(answer, 0.0) > 0.0 for answer in counts)
+    assert len(counts) < len(exact_distribution(target, settings(1.0)))
