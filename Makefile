@@ -35,7 +35,8 @@ lint: install
 	$(VENV)/bin/ruff check specdec_cli tests
 
 bench: install
-	$(VENV)/bin/specdec bench --draft small --target large --repeats 1 --max-tokens 64 --json bench.json
+	$(VENV)/bin/specdec bench --draft small --target large --per-category 1 --repeats 1 \
+		--max-tokens 64 --json bench.json --markdown bench.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

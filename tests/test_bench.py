@@ -1,0 +1,363 @@
+"""`specdec bench`: prompt files, statistics, and the JSON report on tiny GGUF pairs.
+
+No test here asserts a speed: tiny models on a shared CPU time as noise. They check that
+every field is filled and that the numbers agree with each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli import bench
+from specdec_cli.errors import BadUsageError, ContextOverflowError
+from specdec_cli.sampling import SamplingSettings
+from specdec_cli.session import HardwareOptions
+
+runner = CliRunner()
+
+PROMPTS_YAML = """\
+prompts:
+  - id: greet
+    category: prose
+    text: hello world the code
+    max_tokens: 12
+  - id: chat
+    category: code
+    messages:
+      - {role: system, content: you write code}
+      - {role: user, content: def hello world}
+    max_tokens: 10
+  - id: short
+    category: code
+    text: print the list
+"""
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path, monkeypatch):
+    """Keep the SHA-256 cache out of the real ~/.cache."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# --- prompts ------------------------------------------------------------------------------
+
+
+def test_builtin_suite_covers_the_categories():
+    prompts = bench.load_prompts()
+    by_category: dict[str, list[bench.BenchPrompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    assert len(prompts) >= 16
+    assert set(by_category) == {"code", "structured", "editing", "summarising", "prose", "qa"}
+    assert all(len(group) >= 2 for group in by_category.values())
+    assert all(p.max_tokens == 128 for p in prompts)
+    for p in by_category["editing"] + by_category["summarising"]:
+        assert len(p.text) > 300, f"{p.id} should carry a passage"
+
+
+def test_yaml_and_jsonl_prompt_files(tmp_path):
+    from_yaml = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
+    assert [p.id for p in from_yaml] == ["greet", "chat", "short"]
+    assert from_yaml[1].messages[0] == {"role": "system", "content": "you write code"}
+    assert from_yaml[2].max_tokens == bench.DEFAULT_MAX_TOKENS
+    lines = [
+        {"id": "j1", "category": "qa", "text": "why", "max_tokens": 5},
+        {"id": "j2", "category": "qa", "messages": [{"role": "user", "content": "hi"}]},
+    ]
+    jsonl = write(tmp_path, "p.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n\n")
+    assert [(p.id, p.max_tokens) for p in bench.load_prompts(jsonl)] == [("j1", 5), ("j2", 128)]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "complaint"),
+    [
+        ("bad.yaml", "prompts: [1\n", "not valid YAML"),
+        ("bad.yaml", "just a string\n", "expected a list"),
+        ("bad.yaml", "prompts: []\n", "holds no prompts"),
+        ("bad.yaml", "- {category: qa, text: hi}\n", "'id' must be a non-empty string"),
+        ("bad.yaml", "- {id: a, text: hi}\n", "'category'"),
+        ("bad.yaml", "- {id: a, category: qa}\n", "exactly one of 'text' and 'messages'"),
+        ("bad.yaml", "- {id: a, category: qa, text: hi, messages: []}\n", "exactly one"),
+        ("bad.yaml", "- {id: a, category: qa, text: hi, max_tokens: 0}\n", "max_tokens"),
+        ("bad.yaml", "- {id: a, category: qa, text: hi, max_token: 9}\n", "unknown field"),
+        ("bad.yaml", "- {id: a, category: qa, messages: [{role: user}]}\n", "each message"),
+        ("bad.yaml", "- {id: a, category: qa, text: x}\n- {id: a, category: qa, text: y}\n",
+         "used twice"),
+        ("bad.jsonl", '{"id": "a", "category": "qa", "text": "x"}\n{"id": \n', "line 2"),
+    ],
+)
+def test_malformed_prompt_file_is_a_clear_error(tmp_path, name, text, complaint):
+    path = write(tmp_path, name, text)
+    with pytest.raises(BadUsageError) as caught:
+        bench.load_prompts(path)
+    assert complaint in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_missing_prompt_file(tmp_path):
+    with pytest.raises(BadUsageError, match="cannot read"):
+        bench.load_prompts(tmp_path / "nope.yaml")
+
+
+def test_category_filter_and_per_category():
+    prompts = bench.load_prompts()
+    code = bench.select_prompts(prompts, ["code"])
+    assert code and {p.category for p in code} == {"code"}
+    two = bench.select_prompts(prompts, ["code,qa"], per_category=1)
+    assert [p.category for p in two] == ["code", "qa"]
+    with pytest.raises(BadUsageError, match="poetry"):
+        bench.select_prompts(prompts, ["poetry"])
+
+
+def test_draft_max_list_and_configurations():
+    assert bench.parse_int_list("2,4,8", "--draft-max") == [2, 4, 8]
+    for bad in ("", "a", "2,,x", "0,2"):
+        with pytest.raises(BadUsageError, match="--draft-max"):
+            bench.parse_int_list(bad, "--draft-max")
+    configs = bench.configurations([4, 2, 4])
+    assert [(c.label, c.draft_max) for c in configs] == [("model k=4", 4), ("model k=2", 2)]
+    with pytest.raises(BadUsageError, match="unknown drafter"):
+        bench.configurations([4], modes=["telepathy"])
+
+
+# --- statistics -----------------------------------------------------------------------------
+
+
+def test_speedup_estimate():
+    assert bench.speedup_estimate([]) is None
+    constant = bench.speedup_estimate([[2.0, 2.0, 2.0], [0.5, 0.5]])
+    assert constant.value == pytest.approx(1.0)
+    assert constant.low == pytest.approx(1.0) and constant.high == pytest.approx(1.0)
+    groups = [[1.1, 1.5, 1.3], [2.0, 1.8, 2.4], [0.9, 1.0, 1.2]]
+    estimate = bench.speedup_estimate(groups)
+    expected = bench.geometric_mean([1.3, 2.0, 1.0])
+    assert estimate.value == pytest.approx(expected)
+    assert estimate.low <= estimate.value <= estimate.high
+    assert bench.speedup_estimate(groups) == estimate  # a fixed seed: the same interval
+
+
+def test_sha256_is_cached(tmp_path, monkeypatch):
+    model = write(tmp_path, "m.gguf", "GGUF and some bytes")
+    cache = tmp_path / "sha.json"
+    digest = bench.file_sha256(model, cache)
+    assert digest == hashlib.sha256(model.read_bytes()).hexdigest()
+
+    def no_rehash(path):
+        raise AssertionError("hashed twice")
+
+    monkeypatch.setattr("specdec_cli.fetch.sha256_of", no_rehash)
+    assert bench.file_sha256(model, cache) == digest
+
+
+# --- end to end on tiny GGUF pairs --------------------------------------------------------------
+
+
+def bench_args(tiny_models, prompts: Path, *extra: str) -> list[str]:
+    return [
+        "bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter),
+        "--prompts", str(prompts), "--ctx-size", "512", "--warmup", "4", *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny_models, tmp_path_factory):
+    """One bench: three prompts, draft lengths 2 and 4, two repeats, JSON and Markdown."""
+    tmp = tmp_path_factory.mktemp("bench")
+    prompts = write(tmp, "prompts.yaml", PROMPTS_YAML)
+    out, md = tmp / "bench.json", tmp / "bench.md"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_HOME", str(tmp / "home"))
+        result = runner.invoke(app(), bench_args(
+            tiny_models, prompts, "--draft-max", "2,4", "--repeats", "2",
+            "--json", str(out), "--markdown", str(md),
+        ))
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text()), md.read_text(), result
+
+
+def app():
+    from specdec_cli.cli import app
+
+    return app
+
+
+def test_report_is_complete_and_honours_the_prompts_file(sweep, tiny_models):
+    report, _, _ = sweep
+    assert report["schema"] == bench.SCHEMA
+    assert report["complete"] is True and report["missing"] == [] and report["stopped_by"] is None
+    assert report["settings"]["prompt_ids"] == ["greet", "chat", "short"]
+    assert report["settings"]["repeats"] == 2
+    assert [c["draft_max"] for c in report["settings"]["configurations"]] == [2, 4]
+    assert {p["name"] for p in report["prompts"]} == {"greet", "chat", "short"}
+    assert report["summary"]["runs_planned"] == report["summary"]["runs_measured"] == 3 * 2 * 3
+    for role, path in (("target", tiny_models.target), ("draft", tiny_models.close_drafter)):
+        model = report["models"][role]
+        assert model["sha256"] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        assert model["size_bytes"] == Path(path).stat().st_size and model["parameters"] > 0
+    machine = report["machine"]
+    for key in ("cpu", "cpu_count", "threads", "llama_cpp_python", "llama_cpp_system_info",
+                "gpu_layers", "ctx_size"):
+        assert machine[key] not in (None, ""), key
+    assert report["started_at"] and report["finished_at"]
+
+
+def test_sweep_gives_one_row_per_draft_length(sweep):
+    report, markdown, result = sweep
+    labels = ["model k=2", "model k=4"]
+    for prompt in ("greet", "chat", "short"):
+        rows = [r for r in report["prompts"] if r["name"] == prompt]
+        assert [r["configuration"] for r in rows] == labels
+    assert sorted({r["name"] for r in report["categories"]}) == ["code", "prose"]
+    assert [r["configuration"] for r in report["categories"] if r["name"] == "code"] == labels
+    assert [r["configuration"] for r in report["summary"]["configurations"]] == labels
+    assert report["summary"]["best_configuration"] in labels
+    assert set(report["summary"]["best_per_category"]) == {"code", "prose"}
+    for prompt in ("greet", "chat", "short"):
+        assert f"| {prompt} |" in markdown
+    assert "geometric-mean speedup" in result.output
+
+
+def sides(row):
+    return row["target_alone"], row["speculative"]
+
+
+def test_every_number_is_filled_and_consistent(sweep):
+    report, _, _ = sweep
+    rows = report["prompts"] + report["categories"] + report["summary"]["configurations"]
+    for row in rows:
+        alone, spec = sides(row)
+        assert alone["drafted"] == 0 and spec["drafted"] > 0
+        for side in (alone, spec):
+            assert side["runs"] > 0
+            assert 0 <= side["accepted"] <= side["drafted"]
+            assert side["tokens_per_pass"] == pytest.approx(
+                side["generated_tokens"] / side["target_passes"], abs=1e-3)
+            assert side["tokens_per_second"] > 0 and side["first_token_seconds"] > 0
+            split = side["time_split"]
+            assert sum(split.values()) == pytest.approx(1.0, abs=2e-3)
+            assert sum(side["draft_lengths"].values()) == side["target_passes"]
+        assert spec["acceptance"] == pytest.approx(spec["accepted"] / spec["drafted"], abs=1e-3)
+        assert alone["tokens_per_pass"] == 1.0
+        speedup = row["speedup"]
+        assert speedup["low"] <= speedup["median"] <= speedup["high"]
+        assert row["compared_prompts"] == row["prompts"] > 0
+
+
+def test_identical_flag_matches_the_texts(sweep):
+    report, _, _ = sweep
+    runs = {(r["prompt"], r["side"], r["repeat"]): r for r in report["runs"]}
+    for row in report["prompts"]:
+        output = row["output"]
+        alone = runs[(row["name"], bench.TARGET_ALONE, 0)]
+        spec = runs[(row["name"], row["configuration"], 0)]
+        assert output["identical"] == (alone["text"] == spec["text"])
+        assert output["identical"] == (output["first_difference"] is None)
+        assert output["repeats_compared"] == 2
+        assert row["identical_prompts"] == int(output["identical"])
+        assert row["prompt_tokens"] == alone["prompt_tokens"] > 0
+        assert row["speculative"]["generated_tokens"] == sum(
+            runs[(row["name"], row["configuration"], r)]["generated_tokens"] for r in (0, 1))
+
+
+def test_malformed_prompts_file_on_the_command_line(tiny_models, tmp_path):
+    bad = write(tmp_path, "bad.yaml", "- {id: a, category: qa}\n")
+    result = runner.invoke(app(), bench_args(tiny_models, bad))
+    assert result.exit_code == 2
+    assert "bad.yaml" in result.output and "exactly one of 'text' and 'messages'" in result.output
+
+
+def test_context_overflow_writes_what_was_measured(tiny_models, tmp_path):
+    prompts = write(tmp_path, "p.yaml", (
+        "- {id: fits, category: qa, text: hello world, max_tokens: 6}\n"
+        f"- {{id: huge, category: qa, text: '{'the ' * 400}', max_tokens: 6}}\n"
+    ))
+    out = tmp_path / "partial.json"
+    result = runner.invoke(app(), bench_args(
+        tiny_models, prompts, "--ctx-size", "256", "--repeats", "1", "--json", str(out)))
+    assert result.exit_code == 1, result.output
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["stopped_by"].startswith("error:")
+    assert {m["prompt"] for m in report["missing"]} == {"huge"}
+    assert "not measured: huge" in report["missing_summary"]
+    assert [p["name"] for p in report["prompts"]] == ["fits"]
+    assert "bench incomplete" in result.output and str(out) in result.output
+
+
+class InterruptAfter:
+    """A progress listener that presses Ctrl-C after `n` tokens."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def stage(self, description: str, total: int | None = None) -> None:
+        pass
+
+    def advance(self, tokens: int) -> None:
+        self.left -= tokens
+        if self.left < 0:
+            raise KeyboardInterrupt
+
+
+def test_interrupt_keeps_the_finished_runs(tiny_models, tmp_path):
+    prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
+    request = bench.BenchRequest(
+        target=Path(tiny_models.target),
+        draft=Path(tiny_models.close_drafter),
+        prompts=prompts,
+        configurations=bench.configurations([3]),
+        repeats=2,
+        warmup_tokens=0,
+        hardware=HardwareOptions(ctx_size=512),
+    )
+    report = bench.run_bench(request, InterruptAfter(50))  # greet: 12 x 2 x 2 tokens
+    assert report.stopped_by == "interrupted" and report.exit_code == 130
+    assert not report.complete
+    assert 0 < len(report.runs) < len(report.planned())
+    assert len(report.runs) + len(report.missing()) == len(report.planned())
+    record = report.as_dict()  # summaries work on partial data
+    assert record["complete"] is False and record["prompts"]
+    assert "greet" not in {m["prompt"] for m in record["missing"]}
+
+
+def test_sampled_runs_have_no_output_check(tiny_models, tmp_path):
+    prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:1]
+    request = bench.BenchRequest(
+        target=Path(tiny_models.target),
+        draft=Path(tiny_models.close_drafter),
+        prompts=prompts,
+        configurations=bench.configurations([4]),
+        repeats=1,
+        warmup_tokens=0,
+        sampling=SamplingSettings(temperature=0.8),
+        hardware=HardwareOptions(ctx_size=512),
+    )
+    record = bench.run_bench(request).as_dict()
+    assert record["complete"] is True
+    assert record["prompts"][0]["output"] is None
+    assert record["prompts"][0]["compared_prompts"] == 0
+    assert [r["seed"] for r in record["runs"]] == [0, 0]
+
+
+def test_prompt_that_never_fits_is_an_error_before_measuring(tiny_models, tmp_path):
+    prompts = bench.load_prompts(write(tmp_path, "p.yaml", (
+        f"- {{id: huge, category: qa, text: '{'the ' * 400}'}}\n")))
+    request = bench.BenchRequest(
+        target=Path(tiny_models.target),
+        draft=Path(tiny_models.close_drafter),
+        prompts=prompts,
+        configurations=bench.configurations([4]),
+        hardware=HardwareOptions(ctx_size=256),
+    )
+    report = bench.run_bench(request)  # the warm-up tokenises the first prompt
+    assert report.exit_code == ContextOverflowError.exit_code and not report.runs
