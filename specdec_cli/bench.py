@@ -11,6 +11,7 @@ configuration's tokens/s over the target alone's in the same repeat.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -26,9 +27,10 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
+from .adaptive import DRAFTER_MODES, NEEDS_DRAFT_MODEL, build_drafter, measure_pair_costs
 from .backend import Backend
 from .comparison import Comparison, compare_outputs
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter
 from .engine import Finished, Generation, GenerationSettings, GenerationStats, Piece
 from .errors import BadUsageError, SpecdecError
 from .sampling import SamplingSettings
@@ -227,7 +229,7 @@ class Configuration:
     """One way of running speculatively: a drafting mode and its settings, under a label."""
 
     label: str
-    drafter: str = "model"  # the drafting mode; see make_drafter
+    drafter: str = "combined"  # the drafting mode; see adaptive.build_drafter
     draft_max: int = 8
 
     def settings(self, base: GenerationSettings) -> GenerationSettings:
@@ -237,11 +239,8 @@ class Configuration:
         return asdict(self)
 
 
-DRAFTER_MODES = ("model",)
-
-
 def configurations(
-    draft_max: Sequence[int], modes: Sequence[str] = ("model",)
+    draft_max: Sequence[int], modes: Sequence[str] = ("combined",)
 ) -> list[Configuration]:
     """Every mode at every draft length, in that order (a --draft-max sweep is one axis)."""
     for mode in modes:
@@ -252,14 +251,14 @@ def configurations(
 
 
 def make_drafter(configuration: Configuration, pair: ModelPair) -> Drafter:
-    """The one place a configuration becomes a drafter (fresh per run: drafters may keep
-    state). New modes (n-gram, adaptive, combined) plug in here."""
-    if configuration.drafter == "model":
-        if pair.drafter is None:
-            raise BadUsageError("the 'model' drafter needs a draft model.", "Pass --draft.")
-        return ModelDrafter(pair.drafter)
-    raise BadUsageError(
-        f"unknown drafter '{configuration.drafter}'.", f"Use one of {DRAFTER_MODES}."
+    """The one place a configuration becomes a drafter (fresh per run: drafters learn as they
+    go). The pair's costs, measured once per bench, spare each run its own timing probe."""
+    if configuration.drafter in NEEDS_DRAFT_MODEL and pair.drafter is None:
+        raise BadUsageError(
+            f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
+        )
+    return build_drafter(
+        configuration.drafter, pair.target, pair.drafter, costs=copy.copy(pair.costs)
     )
 
 
@@ -727,6 +726,8 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         raise BadUsageError("no prompts to run.", "Check --category and --per-category.")
     progress.stage("loading models")
     pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+    progress.stage("timing decodes")
+    pair.costs = measure_pair_costs(pair.target, pair.drafter)
     for configuration in request.configurations:
         make_drafter(configuration, pair)  # an unusable configuration fails before measuring
     progress.stage("hashing model files")

@@ -2,13 +2,384 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from . import render
+from .errors import BadUsageError, SpecdecError
+from .sampling import SamplingSettings
+from .session import HardwareOptions
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="Exact speculative decoding for local GGUF models on llama.cpp.",
 )
+
+EXIT_INTERRUPTED = 130
+
+# Options shared by run, chat and bench.
+DraftOpt = Annotated[
+    str | None, typer.Option("--draft", "-d", help="Drafter: a registry name, alias or GGUF path.")
+]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", "-t", help="Target: a registry name, alias or GGUF path.")
+]
+ModelsFileOpt = Annotated[
+    Path | None, typer.Option("--models", help="Extra models.yaml with your own entries.")
+]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; use local files only.")]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="System message.")]
+RawOpt = Annotated[bool, typer.Option("--raw", help="Send the prompt as-is, no chat template.")]
+TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy.")]
+TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k likeliest tokens (0: all).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus mass to keep.")]
+MinPOpt = Annotated[
+    float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below min-p x the top one.")
+]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
+StopOpt = Annotated[
+    list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")
+]
+DraftMaxOpt = Annotated[
+    int, typer.Option("--draft-max", min=1, help="Most tokens drafted per round.")
+]
+NoDraftOpt = Annotated[
+    bool, typer.Option("--no-draft", help="The target alone, through the same code, for comparison.")
+]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads.")]
+CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", min=64, help="Context size in tokens.")]
+GpuLayersOpt = Annotated[
+    int, typer.Option("--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1: all).")
+]
+DraftGpuLayersOpt = Annotated[
+    int, typer.Option("--draft-gpu-layers", help="Drafter layers to offload to the GPU (-1: all).")
+]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Use a drafter even if its vocabulary differs.")
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
+DrafterModeOpt = Annotated[
+    str,
+    typer.Option(
+        "--drafter",
+        help="combined: n-gram lookup, else the draft model, each round's length chosen from "
+        "measured costs; model: the draft model, adaptive; ngram: prompt lookup, no draft "
+        "model; fixed: the draft model, always --draft-max tokens.",
+    ),
+]
+
+
+@contextmanager
+def user_errors():
+    """Known problems become one line on stderr and a meaningful exit code."""
+    try:
+        yield
+    except SpecdecError as error:
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        render.stderr_console().print(f"[bold red]error:[/bold red] {error}", soft_wrap=True)
+        raise typer.Exit(error.exit_code) from None
+    except KeyboardInterrupt:
+        render.stderr_console().print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def read_prompt(argument: str | None) -> str:
+    """The argument, then piped stdin after it."""
+    parts = [argument] if argument else []
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        if piped.strip():
+            parts.append(piped)
+    if not parts:
+        raise BadUsageError(
+            "no prompt given.", 'Pass it as an argument (specdec run "...") or pipe it on stdin.'
+        )
+    return "\n\n".join(parts)
+
+
+DEFAULT_TARGET = "large"
+
+
+def check_drafter_mode(mode: str) -> str:
+    from .adaptive import DRAFTER_MODES
+
+    if mode not in DRAFTER_MODES:
+        raise BadUsageError(
+            f"unknown --drafter {mode!r}.", f"Use one of: {', '.join(DRAFTER_MODES)}."
+        )
+    return mode
+
+
+def resolve_models(
+    target: str | None, draft: str | None, *, models: Path | None, offline: bool, mode: str
+) -> tuple[Path, Path | None]:
+    """Registry names, aliases or paths -> local files (pulled first when missing).
+
+    No --target means the default target; no --draft means the smallest compatible drafter
+    in the registry, when the drafting mode needs a draft model at all."""
+    from . import fetch, render_fetch
+    from .adaptive import NEEDS_DRAFT_MODEL
+
+    progress = render_fetch.RichFetchProgress()
+    options = {"models_file": models, "offline": offline, "progress": progress}
+    resolved = fetch.resolve_model(target or DEFAULT_TARGET, **options)
+    if mode not in NEEDS_DRAFT_MODEL:
+        return resolved.path, None
+    if draft:
+        return resolved.path, fetch.resolve_model(draft, **options).path
+    picked = fetch.pick_drafter(resolved, **options)
+    render.stderr_console().print(
+        f"[dim]drafter: {picked.name} (the smallest compatible model for {resolved.name})[/dim]"
+    )
+    return resolved.path, picked.path
+
+
+def resolve_model(spec: str | None, role: str) -> Path:
+    if spec is None:
+        raise BadUsageError(f"no {role} model given.", f"Pass --{role} NAME_OR_PATH.")
+    from . import fetch, render_fetch
+
+    return fetch.resolve_model(spec, progress=render_fetch.RichFetchProgress()).path
+
+
+@app.command()
+def run(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; piped stdin is appended.")] = None,
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    models: ModelsFileOpt = None,
+    offline: OfflineOpt = False,
+    system: SystemOpt = None,
+    raw: RawOpt = False,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    max_tokens: MaxTokensOpt = 256,
+    stop: StopOpt = None,
+    draft_max: DraftMaxOpt = 8,
+    drafter: DrafterModeOpt = "combined",
+    no_draft: NoDraftOpt = False,
+    threads: ThreadsOpt = None,
+    ctx_size: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+    draft_gpu_layers: DraftGpuLayersOpt = 0,
+    force: ForceOpt = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Also run the target alone and compare the outputs.")
+    ] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON record.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Answer one prompt; only the answer goes to stdout."""
+    from .runner import RunRequest, run_once
+
+    with user_errors():
+        mode = "none" if no_draft else check_drafter_mode(drafter)
+        text = read_prompt(prompt)
+        target_path, draft_path = resolve_models(
+            target, draft, models=models, offline=offline, mode=mode
+        )
+        request = RunRequest(
+            prompt=text,
+            target=target_path,
+            draft=draft_path,
+            drafter_mode=mode,
+            system=system,
+            raw=raw,
+            sampling=SamplingSettings(temp, top_k, top_p, min_p),
+            seed=seed,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            draft_max=draft_max,
+            hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
+            force_incompatible=force,
+            verify=verify,
+        )
+        code = run_once(request, json_output=json_output)
+    raise typer.Exit(code)
+
+
+@app.command()
+def pull(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Names or aliases (default: the default pair).")
+    ] = None,
+    models: ModelsFileOpt = None,
+) -> None:
+    """Download and verify models; prints NAME<TAB>PATH per model."""
+    from . import fetch, render_fetch
+
+    with user_errors():
+        progress = render_fetch.RichFetchProgress()
+        pulled = fetch.pull(names or [], models_file=models, progress=progress)
+        render_fetch.print_pulled(pulled)
+
+
+@app.command(name="models")
+def list_models(
+    models: ModelsFileOpt = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """List the registry: what is downloaded where, and which drafter fits which target."""
+    from . import fetch, render_fetch
+    from .registry import load_registry
+
+    with user_errors():
+        statuses = fetch.model_statuses(load_registry(models))
+        show = render_fetch.print_models_json if json_output else render_fetch.print_models_table
+        show(statuses)
+
+
+@app.command()
+def chat(
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    models: ModelsFileOpt = None,
+    offline: OfflineOpt = False,
+    system: SystemOpt = None,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    max_tokens: MaxTokensOpt = 512,
+    stop: StopOpt = None,
+    draft_max: DraftMaxOpt = 8,
+    drafter: DrafterModeOpt = "combined",
+    no_draft: NoDraftOpt = False,
+    threads: ThreadsOpt = None,
+    ctx_size: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+    draft_gpu_layers: DraftGpuLayersOpt = 0,
+    force: ForceOpt = False,
+    no_color: Annotated[
+        bool, typer.Option("--no-color", help="No colours (the NO_COLOR variable does the same).")
+    ] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Talk with the target, drafted for by the drafter; tokens coloured by who produced them.
+
+    With stdin not a terminal, each line is one message and the replies print plain.
+    """
+    from .chat_loop import ChatRequest, run_chat
+
+    with user_errors():
+        mode = "none" if no_draft else check_drafter_mode(drafter)
+        target_path, draft_path = resolve_models(
+            target, draft, models=models, offline=offline, mode=mode
+        )
+        request = ChatRequest(
+            target=target_path,
+            draft=draft_path,
+            drafter_mode=mode,
+            system=system,
+            sampling=SamplingSettings(temp, top_k, top_p, min_p),
+            seed=seed,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            draft_max=draft_max,
+            hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
+            force_incompatible=force,
+            no_color=no_color,
+        )
+        code = run_chat(request)
+    raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    models: ModelsFileOpt = None,
+    offline: OfflineOpt = False,
+    prompts: Annotated[
+        Path | None, typer.Option("--prompts", help="YAML or JSONL prompts instead of the suite.")
+    ] = None,
+    category: Annotated[
+        list[str] | None, typer.Option("--category", help="Only these categories (a,b or repeat).")
+    ] = None,
+    per_category: Annotated[
+        int | None, typer.Option("--per-category", min=1, help="First N prompts per category.")
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up tokens (0: none).")] = 16,
+    draft_max: Annotated[
+        str, typer.Option("--draft-max", help="Draft length, or a list to sweep: 2,4,8.")
+    ] = "8",
+    drafter: Annotated[
+        str,
+        typer.Option(
+            "--drafter", help="Drafting mode, or a list to compare: fixed,model,ngram,combined."
+        ),
+    ] = "combined",
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", "-n", min=1, help="Cap each prompt's max tokens.")
+    ] = None,
+    system: SystemOpt = None,
+    raw: RawOpt = False,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of repeat 0 (then +1 per repeat).")] = 0,
+    threads: ThreadsOpt = None,
+    ctx_size: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+    draft_gpu_layers: DraftGpuLayersOpt = 0,
+    force: ForceOpt = False,
+    json_file: Annotated[
+        Path | None, typer.Option("--json", help="Write every number to this file ('-': stdout).")
+    ] = None,
+    markdown_file: Annotated[
+        Path | None, typer.Option("--markdown", help="Write a Markdown report to this file.")
+    ] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
+    from . import bench as bench_lib
+    from . import render_bench
+    from .adaptive import NEEDS_DRAFT_MODEL
+
+    with user_errors():
+        modes = [check_drafter_mode(mode.strip()) for mode in drafter.split(",") if mode.strip()]
+        needs_model = next((m for m in modes if m in NEEDS_DRAFT_MODEL), "ngram")
+        target_path, draft_path = resolve_models(
+            target, draft, models=models, offline=offline, mode=needs_model
+        )
+        request = bench_lib.BenchRequest(
+            target=target_path,
+            draft=draft_path,
+            prompts=bench_lib.select_prompts(
+                bench_lib.load_prompts(prompts), category or (), per_category
+            ),
+            configurations=bench_lib.configurations(
+                bench_lib.parse_int_list(draft_max, "--draft-max"), modes
+            ),
+            prompts_source=str(prompts) if prompts else "built-in suite",
+            repeats=repeats,
+            warmup_tokens=warmup,
+            max_tokens=max_tokens,
+            sampling=SamplingSettings(temp, top_k, top_p, min_p),
+            seed=seed,
+            raw=raw,
+            system=system,
+            hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
+            force_incompatible=force,
+        )
+        code = render_bench.run_and_report(
+            request, json_path=json_file, markdown_path=markdown_file
+        )
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -14,15 +15,30 @@ from .sampling import Distribution, SamplingSettings, distribution
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens and the distribution each was drawn from (needed by the exact rule)."""
+    """Proposed tokens and the distribution each was drawn from (needed by the exact rule).
+
+    `confidences` (model drafts) and `match_length` (n-gram drafts) let an adaptive
+    drafter learn how often drafts like this one are accepted."""
 
     tokens: list[int]
     dists: list[Distribution]
     source: str
+    confidences: list[float] = field(default_factory=list)
+    match_length: int = 0
 
     @classmethod
     def empty(cls) -> Draft:
         return cls([], [], "none")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the target made of a draft."""
+
+    draft: Draft
+    n_accepted: int
+    verify_seconds: float
+    includes_prompt: bool  # the first round also decoded the prompt: not a verify cost
 
 
 class Drafter(Protocol):
@@ -34,19 +50,34 @@ class Drafter(Protocol):
         rng: np.random.Generator,
     ) -> Draft: ...
 
+    # Optionally: `observe(outcome: Outcome) -> None`, called after each verification.
+
 
 @dataclass
 class ModelDrafter:
     """A small model run ahead of the target, one token per decode.
 
-    Drafting stops early when the drafter's probability for its likeliest token falls below
-    `min_confidence`: an unsure drafter is usually wrong, and a wasted draft step costs
-    about half a target step on CPU.
+    With `min_confidence`, drafting stops when the drafter's probability for its likeliest
+    token falls below it (llama.cpp's p_min). `AdaptiveDrafter` steps it token by token.
     """
 
     backend: Backend
     min_confidence: float = 0.0
     steps: int = field(default=0, init=False)
+    step_seconds: list[float] = field(default_factory=list, init=False)
+
+    def next_distribution(
+        self, sequence: Sequence[int], sampling: SamplingSettings
+    ) -> tuple[Distribution, float]:
+        """The drafter's distribution for the token after `sequence`, and its confidence."""
+        began = time.perf_counter()
+        catch_up = len(sequence) - len(self.backend.cached)
+        row = logits_for_suffix(self.backend, sequence, 1)[0]
+        if catch_up == 1:  # a plain step: a fair sample of what a draft token costs
+            self.step_seconds.append(time.perf_counter() - began)
+        self.steps += 1
+        dist = distribution(row, sampling)
+        return dist, confidence(row, dist, sampling)
 
     def propose(
         self,
@@ -55,29 +86,117 @@ class ModelDrafter:
         sampling: SamplingSettings,
         rng: np.random.Generator,
     ) -> Draft:
-        tokens: list[int] = []
-        dists: list[Distribution] = []
+        draft = DraftBuilder("model")
         sequence = list(context)
         for _ in range(max_tokens):
-            row = logits_for_suffix(self.backend, sequence, 1)[0]
-            self.steps += 1
-            dist = distribution(row, sampling)
+            dist, sure = self.next_distribution(sequence, sampling)
             # Decide before drawing: a stop that depends on the drawn token would bias the
             # drafts the exact rule sees, and answers would no longer follow the target.
-            if self.min_confidence > 0.0 and _confidence(row, dist, sampling) < self.min_confidence:
+            if sure < self.min_confidence:
                 break
-            token = dist.sample(rng) if not sampling.greedy else int(dist.ids[0])
-            tokens.append(token)
-            dists.append(dist)
+            token = draft.add(dist, sure, sampling, rng)
             sequence.append(token)
             if self.backend.is_end_of_generation(token):
                 break
-        return Draft(tokens, dists, "model")
+        return draft.build()
+
+    def observe(self, outcome: Outcome) -> None:
+        pass
 
 
-def _confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) -> float:
+class DraftBuilder:
+    """Collects draft tokens with the distribution and confidence each came from."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.tokens: list[int] = []
+        self.dists: list[Distribution] = []
+        self.confidences: list[float] = []
+
+    def add(
+        self, dist: Distribution, sure: float, sampling: SamplingSettings, rng: np.random.Generator
+    ) -> int:
+        token = int(dist.ids[0]) if sampling.greedy else dist.sample(rng)
+        self.tokens.append(token)
+        self.dists.append(dist)
+        self.confidences.append(sure)
+        return token
+
+    def build(self) -> Draft:
+        return Draft(self.tokens, self.dists, self.source, self.confidences)
+
+
+def confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) -> float:
     """The drafter's probability for its likeliest token (raw softmax when greedy)."""
     if not sampling.greedy:
         return float(dist.probs[0])
     shifted = np.exp(row - row.max())
     return float(1.0 / shifted.sum())
+
+
+class NgramIndex:
+    """Prompt-lookup drafting: where did the text's current ending occur before, and what
+    followed it there? Kept in step with a growing context, one dict update per n."""
+
+    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
+        self.max_n, self.min_n = max_n, min_n
+        self._reset()
+
+    def _reset(self) -> None:
+        self._tokens: list[int] = []
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._previous_end: dict[int, int | None] = {}
+
+    def sync(self, context: Sequence[int]) -> None:
+        known = len(self._tokens)
+        if len(context) < known or list(context[:known]) != self._tokens:
+            self._reset()  # the history was edited (a new chat, a trimmed turn): start over
+            known = 0
+        for token in context[known:]:
+            self._append(int(token))
+
+    def _append(self, token: int) -> None:
+        self._tokens.append(token)
+        end = len(self._tokens) - 1
+        for n in range(1, min(self.max_n, end + 1) + 1):
+            key = tuple(self._tokens[end - n + 1 :])
+            self._previous_end[n] = self._last_end.get(key)
+            self._last_end[key] = end
+
+    def continuation(self, max_tokens: int) -> tuple[list[int], int]:
+        """The tokens that followed the longest earlier match of the text's ending, and n."""
+        for n in range(min(self.max_n, len(self._tokens)), self.min_n - 1, -1):
+            end = self._previous_end.get(n)
+            if end is not None:
+                return self._tokens[end + 1 : end + 1 + max_tokens], n
+        return [], 0
+
+
+@dataclass
+class NgramDrafter:
+    """Proposes the continuation of the longest earlier match, as a certain (point-mass)
+    draft: the exact rule then keeps it with probability p(x) under the target."""
+
+    index: NgramIndex = field(default_factory=NgramIndex)
+
+    def candidates(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+        self.index.sync(context)
+        return self.index.continuation(max_tokens)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+    ) -> Draft:
+        tokens, n = self.candidates(context, max_tokens)
+        return ngram_draft(tokens, n)
+
+    def observe(self, outcome: Outcome) -> None:
+        pass
+
+
+def ngram_draft(tokens: list[int], match_length: int) -> Draft:
+    dists = [Distribution.point(token) for token in tokens]
+    return Draft(list(tokens), dists, "ngram", match_length=match_length)

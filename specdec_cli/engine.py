@@ -12,7 +12,7 @@ from enum import Enum
 import numpy as np
 
 from .backend import Backend, logits_for_suffix
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, Outcome
 from .sampling import (
     AcceptanceRule,
     SamplingSettings,
@@ -225,7 +225,11 @@ class Generation:
                 )
                 break
             draft, draft_seconds = self._draft(room - 1)
+            first_round = self.stats.target_passes == 0
             verdict, verify_seconds = self._verify(draft)
+            observe = getattr(self.drafter, "observe", None)  # optional for simple drafters
+            if observe is not None:
+                observe(Outcome(draft, verdict.n_accepted, verify_seconds, first_round))
             accepted = draft.tokens[: verdict.n_accepted]
             round_ = Round(
                 len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import render
+from .adaptive import build_drafter
 from .comparison import Comparison, compare_outputs
-from .drafters import ModelDrafter
 from .engine import Finished, Generation, GenerationSettings, Piece
 from .sampling import SamplingSettings
 from .session import HardwareOptions, ModelPair, check_prompt_fits, load_pair, prompt_tokens
@@ -22,6 +22,7 @@ class RunRequest:
     prompt: str
     target: Path
     draft: Path | None
+    drafter_mode: str  # see adaptive.build_drafter; "none" for the target alone
     system: str | None
     raw: bool
     sampling: SamplingSettings
@@ -51,6 +52,7 @@ class RunRequest:
             "max_tokens": self.max_tokens,
             "stop": list(self.stop),
             "draft_max": self.draft_max,
+            "drafter": self.drafter_mode,
             "raw": self.raw,
             "system": self.system,
             "hardware": asdict(self.hardware),
@@ -68,7 +70,7 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     check_prompt_fits(prompt, pair.target.n_ctx)
 
     generation = Generation(
-        pair.target, prompt, request.generation_settings(), drafter=_drafter(pair)
+        pair.target, prompt, request.generation_settings(), drafter=_drafter(pair, request)
     )
     answer = None if json_output else render.AnswerStream(sys.stdout)
     finished, interrupted = _consume(generation, answer)
@@ -92,8 +94,10 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def _drafter(pair: ModelPair) -> ModelDrafter | None:
-    return ModelDrafter(pair.drafter) if pair.drafter is not None else None
+def _drafter(pair: ModelPair, request: RunRequest):
+    if request.drafter_mode == "none":
+        return None
+    return build_drafter(request.drafter_mode, pair.target, pair.drafter)
 
 
 def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:

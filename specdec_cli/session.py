@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .adaptive import CostModel
 from .backend import Backend
 from .compat import check_compatible
 from .errors import ContextOverflowError
@@ -23,6 +24,7 @@ class HardwareOptions:
 class ModelPair:
     target: Backend
     drafter: Backend | None
+    costs: CostModel | None = None  # decode timings on this machine, once measured
 
     def reset(self) -> None:
         for backend in (self.target, self.drafter):

@@ -125,7 +125,7 @@ def test_draft_max_list_and_configurations():
     for bad in ("", "a", "2,,x", "0,2"):
         with pytest.raises(BadUsageError, match="--draft-max"):
             bench.parse_int_list(bad, "--draft-max")
-    configs = bench.configurations([4, 2, 4])
+    configs = bench.configurations([4, 2, 4], ["model"])
     assert [(c.label, c.draft_max) for c in configs] == [("model k=4", 4), ("model k=2", 2)]
     with pytest.raises(BadUsageError, match="unknown drafter"):
         bench.configurations([4], modes=["telepathy"])
@@ -179,7 +179,7 @@ def sweep(tiny_models, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_HOME", str(tmp / "home"))
         result = runner.invoke(app(), bench_args(
-            tiny_models, prompts, "--draft-max", "2,4", "--repeats", "2",
+            tiny_models, prompts, "--draft-max", "2,4", "--drafter", "fixed", "--repeats", "2",
             "--json", str(out), "--markdown", str(md),
         ))
     assert result.exit_code == 0, result.output
@@ -214,7 +214,7 @@ def test_report_is_complete_and_honours_the_prompts_file(sweep, tiny_models):
 
 def test_sweep_gives_one_row_per_draft_length(sweep):
     report, markdown, result = sweep
-    labels = ["model k=2", "model k=4"]
+    labels = ["fixed k=2", "fixed k=4"]
     for prompt in ("greet", "chat", "short"):
         rows = [r for r in report["prompts"] if r["name"] == prompt]
         assert [r["configuration"] for r in rows] == labels

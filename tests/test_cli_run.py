@@ -102,7 +102,7 @@ def test_force_uses_an_incompatible_drafter_anyway(tiny_models):
 def test_missing_model_file(tiny_models, tmp_path):
     result = invoke(["run", "hi", "--target", str(tmp_path / "none.gguf"), "--no-draft"])
     assert result.exit_code == 1
-    assert "not found" in result.stderr
+    assert "does not exist" in result.stderr
 
 
 def test_no_prompt_is_bad_usage(tiny_models):
