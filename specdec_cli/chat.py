@@ -1,0 +1,371 @@
+"""A multi-turn conversation over a model pair: history as tokens, cache reuse, trimming, commands.
+
+No terminal code here. `chat_loop.py` reads lines and handles Ctrl-C; `render.ChatView` draws.
+
+Each turn renders the whole conversation through the target's chat template and runs one
+`Generation` over all of it. The backends compare that token list with what their KV caches
+hold (`backend.logits_for_suffix`), so only the new turn is decoded. To make the prefix
+match exactly, the history is kept as tokens: the previous prompt plus the tokens the model
+generated, followed by the newly rendered text (not a re-tokenisation of the old reply,
+which could split differently).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from .backend import common_prefix_length
+from .drafters import Drafter, ModelDrafter
+from .engine import Finished, Generation, GenerationSettings, GenerationStats
+from .errors import BadUsageError, ModelFileError, SpecdecError
+from .session import ModelPair, check_prompt_fits
+
+COMMANDS: dict[str, str] = {
+    "/help": "this list",
+    "/reset": "forget the conversation (the system message stays)",
+    "/system TEXT": "set the system message (/system alone removes it)",
+    "/draft K": "draft at most K tokens per round (0: the target alone)",
+    "/temp T": "sampling temperature (0: greedy)",
+    "/stats": "totals for the session, and what each turn decoded",
+    "/save FILE": "write the transcript (.json: JSON, anything else: Markdown)",
+    "/exit": "leave (Ctrl-D and Ctrl-C at the prompt do too)",
+}
+
+
+class CommandError(BadUsageError):
+    """A slash command that cannot be parsed; the session goes on."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # "help", "reset", "system", "draft", "temp", "stats", "save", "exit"
+    value: str | int | float | None = None
+
+
+def parse_command(line: str) -> Command | None:
+    """The command on `line`, or None when the line is a message for the model.
+
+    A message that starts with "/" is sent by doubling the slash ("//etc/hosts ...").
+    """
+    line = line.strip()
+    if not line.startswith("/") or line.startswith("//"):
+        return None
+    name, _, arg = line[1:].partition(" ")
+    name, arg = name.lower(), arg.strip()
+    if name in ("help", "reset", "stats", "exit", "quit", "?"):
+        if arg:
+            raise CommandError(f"/{name} takes no argument.", "Type it alone.")
+        return Command({"quit": "exit", "?": "help"}.get(name, name))
+    if name == "system":
+        return Command("system", arg or None)
+    if name == "save":
+        if not arg:
+            raise CommandError("/save needs a file name.", "Try /save chat.md or /save chat.json.")
+        return Command("save", arg)
+    if name == "draft":
+        if not arg.isdigit():
+            raise CommandError(f"/draft needs a whole number, not {arg!r}.", "Try /draft 8.")
+        return Command("draft", int(arg))
+    if name == "temp":
+        try:
+            value = float(arg)
+        except ValueError:
+            value = -1.0
+        if not value >= 0.0:  # also refuses nan
+            raise CommandError(f"/temp needs a number >= 0, not {arg!r}.", "Try /temp 0.7.")
+        return Command("temp", value)
+    raise CommandError(f"unknown command /{name}.", "Type /help for the list.")
+
+
+def user_text(line: str) -> str:
+    """The message a non-command line sends (a doubled leading slash stands for one)."""
+    line = line.strip()
+    return line[1:] if line.startswith("//") else line
+
+
+@dataclass(frozen=True)
+class Exchange:
+    user: str
+    assistant: str
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What one turn cost, measured at the backends."""
+
+    prompt_tokens: int  # the whole conversation so far, as fed to the target
+    reused_tokens: int  # of which the target's KV cache already held
+    reply_tokens: int
+    target_decoded: int | None  # tokens the target evaluated this turn (None: backend can't say)
+    drafter_decoded: int | None
+    dropped_exchanges: int
+    finish_reason: str
+    stats: GenerationStats
+
+
+@dataclass
+class _Known:
+    """The token history of the last turn and the template text it stands for."""
+
+    text: str
+    tokens: list[int]
+
+
+class Turn:
+    """One reply in progress. Iterate `events()`; call `stop()` if you stop early."""
+
+    def __init__(
+        self,
+        session: ChatSession,
+        generation: Generation,
+        user: str,
+        rendered: str,
+        dropped: int,
+        reused: int,
+    ) -> None:
+        self.generation = generation
+        self.user = user
+        self.dropped = dropped
+        self.record: TurnRecord | None = None
+        self._session = session
+        self._rendered = rendered
+        self._reused = reused
+        self._decoded_before = session._decoded_counts()
+
+    def events(self):
+        for event in self.generation.events():
+            if isinstance(event, Finished):
+                self._finish(event)
+            yield event
+
+    def stop(self) -> Finished:
+        """End the turn with what was produced so far; the conversation keeps it."""
+        finished = self.generation.interrupted()
+        self._session._resync_caches()
+        self._finish(finished)
+        return finished
+
+    def _finish(self, finished: Finished) -> None:
+        if self.record is None:
+            self.record = self._session._finish(self, finished)
+
+
+class ChatSession:
+    """The conversation, the models, the settings and the session's totals."""
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        settings: GenerationSettings,
+        system: str | None = None,
+        drafter: Drafter | None = None,
+    ) -> None:
+        """`drafter` defaults to the pair's draft model drafting --draft-max tokens a round."""
+        self.pair = pair
+        self.settings = settings
+        self.system = system or None
+        self.exchanges: list[Exchange] = []  # every exchange since the last /reset
+        self.window_start = 0  # exchanges before this were dropped to fit the context
+        self.records: list[TurnRecord] = []
+        self.totals = GenerationStats()
+        if drafter is None and pair.drafter is not None:
+            drafter = ModelDrafter(pair.drafter)
+        self._drafter = drafter
+        self._known: _Known | None = None
+        if getattr(pair.target, "chat_template", lambda: "")() is None:
+            raise ModelFileError(
+                f"{Path(getattr(pair.target, 'path', 'the target')).name} has no chat template "
+                "in its metadata, so it cannot hold a conversation.",
+                "Use a chat/instruct model, or `specdec run --raw` for plain completion.",
+            )
+
+    @property
+    def has_drafter(self) -> bool:
+        return self._drafter is not None
+
+    @property
+    def drafting(self) -> bool:
+        return self._drafter is not None and self.settings.draft_max > 0
+
+    # -- commands --------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.exchanges.clear()
+        self.window_start = 0
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+
+    def set_draft_max(self, k: int) -> None:
+        if k > 0 and self._drafter is None:
+            raise CommandError("nothing drafts in this session.", "Start it without --no-draft.")
+        self.settings = replace(self.settings, draft_max=k)
+
+    def set_temperature(self, t: float) -> None:
+        self.settings = replace(
+            self.settings, sampling=replace(self.settings.sampling, temperature=t)
+        )
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def messages(self, user: str | None = None) -> list[dict[str, str]]:
+        """The messages in the context window (system first), plus `user` if given."""
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        for exchange in self.exchanges[self.window_start :]:
+            messages.append({"role": "user", "content": exchange.user})
+            messages.append({"role": "assistant", "content": exchange.assistant})
+        if user is not None:
+            messages.append({"role": "user", "content": user})
+        return messages
+
+    def reply(self, user: str) -> Turn:
+        """Start the answer to `user`. Drops the oldest exchanges if the context is short;
+        raises ContextOverflowError if the message alone does not fit."""
+        n_ctx = self.pair.target.n_ctx
+        # Keep room for the answer, but never so much that a long --max-tokens forgets
+        # the whole conversation every turn.
+        room = min(self.settings.max_tokens, n_ctx // 2)
+        dropped = 0
+        while True:
+            rendered, prompt = self._prompt(user)
+            if len(prompt) + room <= n_ctx or self.window_start == len(self.exchanges):
+                break
+            self.window_start += 1
+            dropped += 1
+        check_prompt_fits(prompt, n_ctx)
+        reused = common_prefix_length(self.pair.target.cached, prompt)
+        drafter = self._drafter if self.drafting else None
+        generation = Generation(self.pair.target, prompt, self.settings, drafter=drafter)
+        return Turn(self, generation, user, rendered, dropped, reused)
+
+    def _prompt(self, user: str) -> tuple[str, list[int]]:
+        target = self.pair.target
+        rendered = target.format_chat(self.messages(user))
+        known = self._known
+        if known is not None and rendered.startswith(known.text):
+            tail = rendered[len(known.text) :]
+            return rendered, known.tokens + target.tokenize(
+                tail, add_special=False, parse_special=True
+            )
+        # First turn, or the history changed (reset, new system message, dropped turns).
+        return rendered, target.tokenize(rendered, add_special=False, parse_special=True)
+
+    def _finish(self, turn: Turn, finished: Finished) -> TurnRecord:
+        generation = turn.generation
+        reply = finished.text
+        self.exchanges.append(Exchange(turn.user, reply, finished.finish_reason == "interrupted"))
+        # The reply's tokens stand for its text only if they spell it exactly (not when a
+        # stop string cut the text, or a character was left incomplete).
+        spelled = b"".join(self.pair.target.token_bytes(t) for t in finished.tokens)
+        if spelled == reply.encode("utf-8"):
+            self._known = _Known(turn._rendered + reply, generation.prompt + finished.tokens)
+        else:
+            self._known = None
+        after = self._decoded_counts()
+        decoded = [
+            None if b is None or a is None else a - b
+            for b, a in zip(turn._decoded_before, after, strict=True)
+        ]
+        record = TurnRecord(
+            prompt_tokens=len(generation.prompt),
+            reused_tokens=turn._reused,
+            reply_tokens=len(finished.tokens),
+            target_decoded=decoded[0],
+            drafter_decoded=decoded[1],
+            dropped_exchanges=turn.dropped,
+            finish_reason=finished.finish_reason,
+            stats=finished.stats,
+        )
+        self.records.append(record)
+        _accumulate(self.totals, finished.stats)
+        return record
+
+    def _decoded_counts(self) -> tuple[int | None, int | None]:
+        return tuple(  # type: ignore[return-value]
+            getattr(b, "tokens_decoded", None) if b is not None else None
+            for b in (self.pair.target, self.pair.drafter)
+        )
+
+    def _resync_caches(self) -> None:
+        """After an interruption, drop any KV entries past what each backend lists as cached
+        (a Ctrl-C that lands between llama_decode and the bookkeeping after it)."""
+        for backend in (self.pair.target, self.pair.drafter):
+            if backend is not None:
+                backend.truncate(len(backend.cached))
+
+    # -- the transcript --------------------------------------------------------------------
+
+    def transcript(self) -> dict:
+        return {
+            "system": self.system,
+            "messages": [
+                message
+                for e in self.exchanges
+                for message in (
+                    {"role": "user", "content": e.user},
+                    {"role": "assistant", "content": e.assistant}
+                    | ({"interrupted": True} if e.interrupted else {}),
+                )
+            ],
+            "settings": {
+                "max_tokens": self.settings.max_tokens,
+                "draft_max": self.settings.draft_max if self.has_drafter else 0,
+                "sampling": asdict(self.settings.sampling),
+                "seed": self.settings.seed,
+            },
+            "models": {
+                "target": str(getattr(self.pair.target, "path", "")),
+                "draft": None
+                if self.pair.drafter is None
+                else str(getattr(self.pair.drafter, "path", "")),
+            },
+            "totals": self.totals.as_dict(),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path).expanduser()
+        record = self.transcript()
+        text = (
+            json.dumps(record, ensure_ascii=False, indent=2) + "\n"
+            if path.suffix.lower() == ".json"
+            else transcript_markdown(record)
+        )
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise SpecdecError(
+                f"could not write {path}: {error.strerror}.", "Check the folder exists."
+            ) from None
+        return path
+
+
+def transcript_markdown(record: dict) -> str:
+    lines = ["# specdec chat", ""]
+    models = record["models"]
+    drafter = f", drafter `{models['draft']}`" if models["draft"] else ""
+    lines.append(f"Target `{models['target']}`{drafter}")
+    lines.append("")
+    if record["system"]:
+        lines += ["**System:** " + record["system"], ""]
+    for message in record["messages"]:
+        heading = "## You" if message["role"] == "user" else "## Assistant"
+        if message.get("interrupted"):
+            heading += " (interrupted)"
+        lines += [heading, "", message["content"], ""]
+    return "\n".join(lines)
+
+
+def _accumulate(totals: GenerationStats, stats: GenerationStats) -> None:
+    totals.generated += stats.generated
+    totals.drafted += stats.drafted
+    totals.accepted += stats.accepted
+    totals.target_passes += stats.target_passes
+    totals.seconds += stats.seconds
+    totals.draft_seconds += stats.draft_seconds
+    totals.verify_seconds += stats.verify_seconds
+    totals.draft_lengths.update(stats.draft_lengths)
+    totals.draft_sources.update(stats.draft_sources)
+

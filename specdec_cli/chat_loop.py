@@ -1,0 +1,174 @@
+"""`specdec chat`'s input side: reading lines (readline or a pipe), commands, Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from . import render
+from .adaptive import build_drafter
+from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
+from .engine import GenerationSettings, Piece
+from .errors import SpecdecError
+from .sampling import SamplingSettings
+from .session import HardwareOptions, load_pair
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    target: Path
+    draft: Path | None
+    drafter_mode: str  # see adaptive.build_drafter; "none" for the target alone
+    system: str | None
+    sampling: SamplingSettings
+    seed: int | None
+    max_tokens: int
+    stop: tuple[str, ...]
+    draft_max: int
+    hardware: HardwareOptions
+    force_incompatible: bool
+    no_color: bool
+
+    def generation_settings(self) -> GenerationSettings:
+        return GenerationSettings(
+            max_tokens=self.max_tokens,
+            draft_max=self.draft_max,
+            stop=self.stop,
+            sampling=self.sampling,
+            seed=self.seed,
+        )
+
+
+def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
+    stdin = stdin or sys.stdin
+    interactive = stdin.isatty()
+    view = render.ChatView.terminal(request.no_color) if interactive else render.ChatView.scripted()
+    with view.loading():
+        pair = load_pair(
+            request.target, request.draft, request.hardware, request.force_incompatible
+        )
+    drafter = (
+        None
+        if request.drafter_mode == "none"
+        else build_drafter(request.drafter_mode, pair.target, pair.drafter)
+    )
+    session = ChatSession(pair, request.generation_settings(), request.system, drafter=drafter)
+    drafter_label = request.draft.name if request.draft else None
+    if request.drafter_mode == "ngram":
+        drafter_label = "prompt lookup"
+    view.header(request.target.name, drafter_label, session.drafting)
+    lines = _terminal_lines() if interactive else _piped_lines(stdin)
+    for line in lines:
+        try:
+            command = parse_command(line)
+            if command is None:
+                _reply(session, view, user_text(line), catch_interrupt=interactive)
+            elif command.name == "exit":
+                break
+            else:
+                _apply(command, session, view)
+        except SpecdecError as error:  # a bad command or an oversized message: say so, go on
+            view.error(error)
+    return 0
+
+
+def _terminal_lines() -> Iterator[str]:
+    """Lines typed at the prompt, with readline editing and history. Ctrl-D or Ctrl-C at
+    the prompt ends the session."""
+    with contextlib.suppress(ImportError):  # Windows has no readline; input() still works
+        import readline  # noqa: F401  (importing it gives input() line editing and history)
+    while True:
+        try:
+            line = input(render.CHAT_PROMPT)
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        if line.strip():
+            yield line
+
+
+def _piped_lines(stdin: TextIO) -> Iterator[str]:
+    """One user message per line."""
+    for line in stdin:
+        if line.strip():
+            yield line.rstrip("\n")
+
+
+def _reply(session: ChatSession, view: render.ChatView, text: str, catch_interrupt: bool) -> None:
+    turn = session.reply(text)
+    if turn.dropped:
+        view.notice(
+            f"dropped the oldest {turn.dropped} exchange(s) to fit the context of "
+            f"{session.pair.target.n_ctx} tokens (the system message stays)"
+        )
+    events = turn.events()
+    try:
+        with _CtrlC(enabled=catch_interrupt) as ctrl_c:
+            for event in events:
+                if isinstance(event, Piece):
+                    view.piece(event)
+                if ctrl_c.pressed:
+                    break
+    except KeyboardInterrupt:  # a second Ctrl-C, or scripted mode: stop now
+        if not catch_interrupt:
+            raise
+    except SpecdecError as error:  # e.g. llama.cpp refused a decode: keep the conversation
+        view.error(error)
+    finally:
+        events.close()
+        if turn.record is None:
+            turn.stop()
+    view.end_reply(turn.record.stats, turn.record.finish_reason)
+
+
+class _CtrlC:
+    """While a reply streams, the first Ctrl-C only sets a flag that the loop checks between
+    events, so a llama.cpp call and the cache bookkeeping after it are never cut apart.
+    A second Ctrl-C raises KeyboardInterrupt as usual."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.pressed = False
+
+    def __enter__(self) -> _CtrlC:
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+
+def _apply(command: Command, session: ChatSession, view: render.ChatView) -> None:
+    if command.name == "help":
+        view.help(COMMANDS)
+    elif command.name == "reset":
+        session.reset()
+        view.info("conversation cleared")
+    elif command.name == "system":
+        session.set_system(command.value)
+        view.info("system message " + ("set" if command.value else "removed"))
+    elif command.name == "draft":
+        session.set_draft_max(command.value)
+        view.info(f"drafting up to {command.value} tokens per round" if command.value else
+                  "drafting off: the target alone")
+    elif command.name == "temp":
+        session.set_temperature(command.value)
+        view.info(f"temperature {command.value:g}")
+    elif command.name == "stats":
+        view.session_stats(session.totals, session.records)
+    elif command.name == "save":
+        view.info(f"saved {session.save(command.value)}")
+    else:  # parse_command only returns the names above
+        raise CommandError(f"unhandled command /{command.name}.")

@@ -1,0 +1,250 @@
+"""ChatSession and the slash commands, on the tiny GGUF models; `specdec chat` scripted mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("llama_cpp")
+
+from specdec_cli.chat import (  # noqa: E402
+    ChatSession,
+    Command,
+    CommandError,
+    parse_command,
+    user_text,
+)
+from specdec_cli.cli import app  # noqa: E402
+from specdec_cli.engine import Finished, GenerationSettings, Piece  # noqa: E402
+from specdec_cli.errors import ContextOverflowError, ModelFileError  # noqa: E402
+from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
+
+FIRST = "hello there"
+SECOND = "how are you today"
+
+
+@pytest.mark.parametrize(
+    ("line", "command"),
+    [
+        ("hello", None),
+        ("  what is /etc?", None),
+        ("//etc/hosts is a file", None),
+        ("/help", Command("help")),
+        ("/?", Command("help")),
+        ("/reset", Command("reset")),
+        ("/STATS", Command("stats")),
+        ("/exit", Command("exit")),
+        ("/quit", Command("exit")),
+        ("/system You are terse.", Command("system", "You are terse.")),
+        ("/system", Command("system", None)),
+        ("/draft 4", Command("draft", 4)),
+        ("/draft 0", Command("draft", 0)),
+        ("/temp 0.7", Command("temp", 0.7)),
+        ("/temp 0", Command("temp", 0.0)),
+        ("/save notes/chat.md", Command("save", "notes/chat.md")),
+    ],
+)
+def test_parse_command(line, command):
+    assert parse_command(line) == command
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        *("/draft", "/draft -1", "/draft two", "/temp", "/temp -0.5", "/temp nan"),
+        *("/save", "/reset now", "/frobnicate"),
+    ],
+)
+def test_parse_command_refuses_with_a_hint(line):
+    with pytest.raises(CommandError) as error:
+        parse_command(line)
+    assert error.value.fix  # every refusal says what to type instead
+
+
+def test_a_doubled_slash_sends_one():
+    assert user_text("//etc/hosts") == "/etc/hosts"
+    assert user_text("  plain  ") == "plain"
+
+
+# ---- ChatSession on the tiny pair ------------------------------------------------------------
+
+
+def new_session(models, *, ctx: int = 4096, drafter=True, system=None, **settings) -> ChatSession:
+    draft = models.close_drafter if drafter else None
+    pair = load_pair(models.target, draft, HardwareOptions(ctx_size=ctx, threads=1))
+    return ChatSession(pair, GenerationSettings(**{"max_tokens": 30, **settings}), system)
+
+
+def run_turn(session: ChatSession, text: str) -> Finished:
+    events = list(session.reply(text).events())
+    assert isinstance(events[-1], Finished)
+    return events[-1]
+
+
+def test_the_second_turn_decodes_only_the_new_tokens(tiny_models):
+    session = new_session(tiny_models)
+    first = run_turn(session, FIRST)
+    turn1 = session.records[0]
+    history = session.pair.target.tokenize(
+        session.pair.target.format_chat(session.messages()[:-1]),
+        add_special=False,
+        parse_special=True,
+    ) + first.tokens
+    assert turn1.reused_tokens == 0
+
+    # One token and no draft: the target's only decode is the part of the prompt it lacks.
+    session.settings = GenerationSettings(max_tokens=1)
+    turn = session.reply(SECOND)
+    list(turn.events())
+    record = turn.record
+    assert turn.generation.prompt[: len(history)] == history  # the history is kept as tokens
+    # The cache holds all of it except the reply's last token, which -n cut before decoding.
+    assert first.finish_reason == "length"
+    assert record.reused_tokens == len(history) - 1
+    assert record.target_decoded == record.prompt_tokens - record.reused_tokens
+    assert record.target_decoded < 40 < len(history)
+    assert record.drafter_decoded == 0
+
+
+def test_the_drafter_cache_is_reused_too(tiny_models):
+    session = new_session(tiny_models)
+    run_turn(session, FIRST)
+    turn1 = session.records[0]
+    # Two tokens: exactly one draft step, whose decode is the part of the prompt the
+    # drafter lacks. It holds turn 1 but for at most the reply's last two tokens (the last
+    # draft token and the target's bonus token are never fed to the drafter).
+    session.settings = GenerationSettings(max_tokens=2)
+    run_turn(session, SECOND)
+    turn2 = session.records[1]
+    new = turn2.prompt_tokens - (turn1.prompt_tokens + turn1.reply_tokens - 1)
+    assert 0 < turn2.drafter_decoded <= new + 1 < 40
+
+
+def test_reset_forgets_the_conversation(tiny_models):
+    session = new_session(tiny_models, system="be brief")
+    first = run_turn(session, FIRST)
+    run_turn(session, SECOND)
+    session.reset()
+    assert session.messages() == [{"role": "system", "content": "be brief"}]
+    again = run_turn(session, FIRST)
+    assert again.text == first.text
+    assert session.records[2].prompt_tokens == session.records[0].prompt_tokens
+
+
+def test_a_long_conversation_drops_the_oldest_turns_and_keeps_the_system_message(tiny_models):
+    session = new_session(tiny_models, ctx=256, system="be brief", max_tokens=40)
+    n_ctx = session.pair.target.n_ctx
+    rendered = session.pair.target.format_chat([{"role": "system", "content": "be brief"}])
+    system_prefix = session.pair.target.tokenize(
+        rendered[: rendered.index("<|im_end|>") + len("<|im_end|>")],
+        add_special=False,
+        parse_special=True,
+    )
+    for i in range(10):
+        turn = session.reply(f"message number {i} about the model and the data")
+        list(turn.events())
+        assert turn.generation.prompt[: len(system_prefix)] == system_prefix
+        assert turn.record.prompt_tokens + turn.record.reply_tokens <= n_ctx
+    assert sum(r.dropped_exchanges for r in session.records) > 0
+    assert session.messages()[0] == {"role": "system", "content": "be brief"}
+    assert len(session.exchanges) == 10  # the transcript keeps what the window dropped
+    assert session.window_start > 0
+
+
+def test_a_message_longer_than_the_context_is_refused_and_the_session_goes_on(tiny_models):
+    session = new_session(tiny_models, ctx=256)
+    run_turn(session, FIRST)
+    with pytest.raises(ContextOverflowError):
+        session.reply("the data " * 200)
+    assert len(session.exchanges) == 1
+    run_turn(session, SECOND)
+    assert len(session.exchanges) == 2
+
+
+def test_stopping_mid_reply_keeps_the_partial_answer(tiny_models):
+    session = new_session(tiny_models, max_tokens=200)
+    turn = session.reply(FIRST)
+    events = turn.events()
+    pieces = []
+    for event in events:
+        if isinstance(event, Piece) and event.text:
+            pieces.append(event)
+            if len(pieces) == 5:
+                break
+    events.close()
+    finished = turn.stop()
+    assert finished.finish_reason == "interrupted"
+    assert session.exchanges[-1].assistant == "".join(p.text for p in pieces)
+    assert session.exchanges[-1].interrupted
+    run_turn(session, SECOND)
+    record = session.records[-1]
+    assert record.reused_tokens >= session.records[0].prompt_tokens + len(finished.tokens) - 1
+
+
+def test_draft_and_temperature_commands(tiny_models):
+    session = new_session(tiny_models)
+    session.set_draft_max(0)
+    assert not session.drafting
+    assert run_turn(session, FIRST).stats.drafted == 0
+    session.set_draft_max(3)
+    assert max(run_turn(session, SECOND).stats.draft_lengths) == 3
+    session.set_temperature(0.8)
+    assert session.settings.sampling.temperature == 0.8
+    alone = new_session(tiny_models, drafter=False)
+    with pytest.raises(CommandError):
+        alone.set_draft_max(3)
+
+
+def test_save_writes_json_and_markdown(tiny_models, tmp_path):
+    session = new_session(tiny_models, system="be brief")
+    first = run_turn(session, FIRST)
+    record = json.loads(session.save(tmp_path / "chat.json").read_text())
+    assert record["system"] == "be brief"
+    assert record["messages"] == [
+        {"role": "user", "content": FIRST},
+        {"role": "assistant", "content": first.text},
+    ]
+    assert record["totals"]["generated_tokens"] == len(first.tokens)
+    markdown = session.save(tmp_path / "chat.md").read_text()
+    assert "**System:** be brief" in markdown
+    assert f"## You\n\n{FIRST}\n\n## Assistant\n\n{first.text}\n" in markdown
+
+
+def test_a_model_without_a_chat_template_is_refused(tiny_models):
+    pair = load_pair(tiny_models.close_drafter, None, HardwareOptions(ctx_size=256, threads=1))
+    with pytest.raises(ModelFileError, match="chat template"):
+        ChatSession(pair, GenerationSettings())
+
+
+# ---- scripted mode: stdin is not a terminal ---------------------------------------------------
+
+
+def test_scripted_mode_prints_plain_replies_one_per_line(tiny_models):
+    session = new_session(tiny_models)
+    expected = [run_turn(session, FIRST).text, run_turn(session, SECOND).text]
+    assert all("\n" not in text for text in expected)
+
+    result = CliRunner().invoke(
+        app,
+        ["chat", "-t", str(tiny_models.target), "-d", str(tiny_models.close_drafter)]
+        + ["--drafter", "fixed", "--threads", "1", "-n", "30"],
+        input=f"{FIRST}\n\n{SECOND}\n",
+        env={"TERM": "xterm-256color", "FORCE_COLOR": "1"},
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "".join(f"{text}\n" for text in expected)
+    assert "\x1b" not in result.stdout and "\x1b" not in result.stderr
+
+
+def test_scripted_mode_runs_commands_and_reports_bad_ones(tiny_models, tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["chat", "-t", str(tiny_models.target), "--no-draft", "--threads", "1", "-n", "5"],
+        input=f"{FIRST}\n/draft x\n/save {tmp_path / 'chat.json'}\n/exit\n{SECOND}\n",
+    )
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 1  # /exit came before the second message
+    assert "/draft needs a whole number" in result.stderr
+    assert json.loads((tmp_path / "chat.json").read_text())["messages"][0]["content"] == FIRST
