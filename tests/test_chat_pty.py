@@ -18,7 +18,6 @@ import subprocess
 import sys
 import termios
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,7 @@ from specdec_cli.chat import ChatSession  # noqa: E402
 from specdec_cli.engine import GenerationSettings, Piece, TokenKind  # noqa: E402
 from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
 
-SPECDEC = Path(sys.executable).with_name("specdec")
+SPECDEC = [sys.executable, "-m", "specdec_cli"]  # works without the console script
 TIMEOUT = 20.0
 PROMPT = b">>> "
 SGR = {
@@ -62,7 +61,7 @@ class Terminal:
         environment["TERM"] = "xterm-256color"
         environment.update(env or {})
         self.proc = subprocess.Popen(
-            [str(SPECDEC), "chat", *args],
+            [*SPECDEC, "chat", *args],
             stdin=slave,
             stdout=slave,
             stderr=slave,
