@@ -35,11 +35,14 @@ class CostModel:
     target_base: float
     target_per_token: float
     draft_step: float
+    learn: bool = True  # refine from each round's timings
 
     def verify(self, n_tokens: int) -> float:
         return self.target_base + self.target_per_token * (n_tokens - 1)
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        if not self.learn:
+            return
         if n_tokens == 1:
             self.target_base += SMOOTHING * (seconds - self.target_base)
         else:
@@ -47,7 +50,8 @@ class CostModel:
             self.target_per_token += SMOOTHING * (per_token - self.target_per_token)
 
     def observe_draft_step(self, seconds: float) -> None:
-        self.draft_step += SMOOTHING * (seconds - self.draft_step)
+        if self.learn:
+                self.draft_step += SMOOTHING * (seconds - self.draft_step)
 
     def as_dict(self) -> dict:
         return {
@@ -162,6 +166,7 @@ class AdaptiveDrafter:
     probe_every: int = 8  # rounds between model drafts tried while they do not pay
     margin: float = 1.02  # a plan must beat the target alone by this much
     _rounds_without_model: int = 0
+    _rounds_without_ngram: int = 0
 
     def propose(
         self,
@@ -173,8 +178,14 @@ class AdaptiveDrafter:
         plain_rate = 1.0 / self.costs.verify(1)
         ngram_tokens, ngram_rate = self._ngram_plan(context, max_tokens)
         model_rate = self._model_rate(max_tokens)
-        if ngram_tokens and ngram_rate >= max(model_rate, plain_rate * self.margin):
+        if ngram_tokens and (
+            ngram_rate >= max(model_rate, plain_rate * self.margin)
+            or self._rounds_without_ngram >= self.probe_every
+        ):
+            self._rounds_without_ngram = 0
             return ngram_draft(ngram_tokens, self._last_match_length)
+        if ngram_tokens:
+            self._rounds_without_ngram += 1
         if self.model is not None and (
             model_rate > plain_rate * self.margin or self._rounds_without_model >= self.probe_every
         ):
@@ -215,7 +226,8 @@ class AdaptiveDrafter:
         self._last_match_length = n
         first = self.acceptance.for_ngram(n).value
         k, rate = self._best_length(first, self.acceptance.ngram_next.value, len(tokens), 0.0)
-        return tokens[:k], rate
+        # A match that does not pay now is still tried now and then (one token), to relearn.
+        return tokens[: max(k, 1)], rate if k else 0.0
 
     def _model_rate(self, max_tokens: int) -> float:
         if self.model is None:

@@ -19,7 +19,8 @@ import pytest
 from fakes import FakeBackend, blended, negated, table_model
 from scipy import stats
 
-from specdec_cli.drafters import ModelDrafter
+from specdec_cli.adaptive import AdaptiveDrafter, CostModel
+from specdec_cli.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine import Finished, Generation, GenerationSettings
 from specdec_cli.sampling import (
     AcceptanceRule,
@@ -75,9 +76,14 @@ def draw(
     acceptance: AcceptanceRule = speculative_accept,
     min_confidence: float = 0.0,
     samples: int = SAMPLES,
+    adaptive: str | None = None,
 ) -> tuple[FakeBackend, Counter]:
     target = FakeBackend(TARGET, N_VOCAB, end_of_generation={EOS})
     drafter = ModelDrafter(target.twin(DRAFTERS[drafter_model]), min_confidence=min_confidence)
+    if adaptive:  # point-mass n-gram drafts, model drafts and plain rounds, chosen as it learns
+        costs = CostModel(1.0, 0.3, 0.2, learn=False)
+        model = drafter if adaptive == "combined" else None
+        drafter = AdaptiveDrafter(costs, model=model, ngram=NgramDrafter(), probe_every=2)
     counts: Counter = Counter()
     for seed in range(samples):
         gen_settings = GenerationSettings(
@@ -129,6 +135,20 @@ def test_speculative_sampling_matches_the_target_exactly(case):
     sampling, drafter_model = CASES[case]
     p, counts = fit(sampling, drafter_model)
     assert p > PASS_P, f"{case}: chi-square p={p:.3g}; counts {counts.most_common(8)}"
+
+
+@pytest.mark.parametrize(
+    ("mode", "sampling"),
+    [
+        ("combined", settings(1.0)),
+        ("combined", settings(0.8, top_k=3, top_p=0.9)),
+        ("ngram", settings(1.0)),
+        ("ngram", settings(0.7, min_p=0.1)),
+    ],
+)
+def test_adaptive_drafting_keeps_sampling_exact(mode, sampling):
+    p, _ = fit(sampling, "similar", adaptive=mode)
+    assert p > PASS_P, f"chi-square p={p:.3g}"
 
 
 def test_drafter_confidence_cutoff_keeps_sampling_exact():
