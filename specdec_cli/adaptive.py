@@ -29,59 +29,84 @@ SMOOTHING = 0.1  # weight of the newest cost sample in the running averages
 
 @dataclass
 class CostModel:
-    """Seconds for a target decode of n tokens (base + per_token * (n - 1)) and for one
-    drafter step."""
+    """Seconds for one target decode of n tokens, and for one drafter step.
 
-    target_base: float
-    target_per_token: float
+    The target's cost is a table over n, interpolated: on CPUs it is far from linear (here
+    8 tokens cost 6x one token, 16 tokens barely more than 8, as llama.cpp switches
+    kernels), so a straight line would pick the wrong draft lengths."""
+
+    verify_seconds: dict[int, float]
     draft_step: float
     learn: bool = True  # refine from each round's timings
+    _dense: np.ndarray | None = field(default=None, init=False, repr=False)
 
     def verify(self, n_tokens: int) -> float:
-        return self.target_base + self.target_per_token * (n_tokens - 1)
+        if self._dense is None or n_tokens > len(self._dense):
+            self._dense = self._interpolate(max(n_tokens, 64))
+        return float(self._dense[n_tokens - 1])
+
+    def _interpolate(self, up_to: int) -> np.ndarray:
+        sizes = sorted(self.verify_seconds)
+        seconds = [self.verify_seconds[n] for n in sizes]
+        wanted = np.arange(1, up_to + 1)
+        dense = np.interp(wanted, sizes, seconds)
+        if len(sizes) > 1:  # beyond the last measurement, continue its slope
+            slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+            beyond = wanted > sizes[-1]
+            dense[beyond] = seconds[-1] + slope * (wanted[beyond] - sizes[-1])
+        return dense
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
         if not self.learn:
             return
-        if n_tokens == 1:
-            self.target_base += SMOOTHING * (seconds - self.target_base)
-        else:
-            per_token = max(0.0, (seconds - self.target_base) / (n_tokens - 1))
-            self.target_per_token += SMOOTHING * (per_token - self.target_per_token)
+        current = self.verify_seconds.get(n_tokens, self.verify(n_tokens))
+        self.verify_seconds[n_tokens] = current + SMOOTHING * (seconds - current)
+        self._dense = None
 
     def observe_draft_step(self, seconds: float) -> None:
         if self.learn:
-                self.draft_step += SMOOTHING * (seconds - self.draft_step)
+            self.draft_step += SMOOTHING * (seconds - self.draft_step)
 
     def as_dict(self) -> dict:
         return {
-            "target_one_token_ms": round(1000 * self.target_base, 2),
-            "target_per_extra_token_ms": round(1000 * self.target_per_token, 2),
+            "target_decode_ms": {
+                str(n): round(1000 * s, 2) for n, s in sorted(self.verify_seconds.items())
+            },
             "draft_step_ms": round(1000 * self.draft_step, 2),
         }
 
 
-def measure_costs(
-    target: Backend, drafter: Backend | None, probe: Sequence[int], batch: int = 5
-) -> CostModel:
+MEASURED_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def measure_costs(target: Backend, drafter: Backend | None, probe: Sequence[int]) -> CostModel:
     """Time the decodes that matter on this machine, on a throwaway probe text."""
-    base = _median_decode_seconds(target, probe, 1)
-    batched = _median_decode_seconds(target, probe, batch)
-    step = _median_decode_seconds(drafter, probe, 1) if drafter is not None else 0.0
-    return CostModel(base, max(0.0, (batched - base) / (batch - 1)), step)
+    context = list(probe[: len(probe) - max(MEASURED_SIZES)])
+    room = min(target.n_ctx, len(probe)) - len(context)
+    table = {
+        n: _median_decode_seconds(target, context, probe[len(context) : len(context) + n])
+        for n in MEASURED_SIZES
+        if n <= room
+    }
+    step = _median_decode_seconds(drafter, context, probe[len(context) :][:1]) if drafter else 0.0
+    for backend in (target, drafter):
+        if backend is not None:
+            backend.truncate(0)
+    return CostModel(table, step)
 
 
-def _median_decode_seconds(backend: Backend, probe: Sequence[int], n: int, reps: int = 3) -> float:
-    context, tail = list(probe[:-n]), list(probe[-n:])
-    backend.truncate(0)
-    backend.decode(context, 1)
+def _median_decode_seconds(
+    backend: Backend, context: Sequence[int], tail: Sequence[int], reps: int = 2
+) -> float:
+    if backend.cached[: len(context)] != list(context):
+        backend.truncate(0)
+        backend.decode(context, 1)
     samples = []
     for _ in range(reps):
         backend.truncate(len(context))
         began = time.perf_counter()
-        backend.decode(tail, n)
+        backend.decode(tail, len(tail))
         samples.append(time.perf_counter() - began)
-    backend.truncate(0)
     return float(np.median(samples))
 
 
@@ -155,6 +180,35 @@ def expected_tokens(first: float, following: float, k: int) -> float:
 
 
 @dataclass
+class ProbeSchedule:
+    """A kind of draft that does not pay is still tried now and then, to notice when the
+    text becomes predictable; each fruitless try doubles the wait."""
+
+    first: int = 8
+    longest: int = 256
+    interval: int = field(init=False)
+    waited: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.interval = self.first
+
+    def due(self) -> bool:
+        return self.waited >= self.interval
+
+    def skipped(self) -> None:
+        self.waited += 1
+
+    def probed(self) -> None:
+        self.waited, self.interval = 0, min(2 * self.interval, self.longest)
+
+    def paid(self) -> None:
+        self.waited, self.interval = 0, self.first
+
+
+PROBE_TOKENS = 4  # length of an n-gram draft tried while n-gram drafts do not pay
+
+
+@dataclass
 class AdaptiveDrafter:
     """Per round: n-gram draft, model draft, or none, whichever promises the most tokens per
     second; a model draft grows only while its next token pays for itself."""
@@ -163,10 +217,9 @@ class AdaptiveDrafter:
     model: ModelDrafter | None = None
     ngram: NgramDrafter | None = None
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
-    probe_every: int = 8  # rounds between model drafts tried while they do not pay
     margin: float = 1.02  # a plan must beat the target alone by this much
-    _rounds_without_model: int = 0
-    _rounds_without_ngram: int = 0
+    model_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
+    ngram_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
 
     def propose(
         self,
@@ -176,22 +229,26 @@ class AdaptiveDrafter:
         rng: np.random.Generator,
     ) -> Draft:
         plain_rate = 1.0 / self.costs.verify(1)
-        ngram_tokens, ngram_rate = self._ngram_plan(context, max_tokens)
-        model_rate = self._model_rate(max_tokens)
-        if ngram_tokens and (
-            ngram_rate >= max(model_rate, plain_rate * self.margin)
-            or self._rounds_without_ngram >= self.probe_every
-        ):
-            self._rounds_without_ngram = 0
-            return ngram_draft(ngram_tokens, self._last_match_length)
-        if ngram_tokens:
-            self._rounds_without_ngram += 1
-        if self.model is not None and (
-            model_rate > plain_rate * self.margin or self._rounds_without_model >= self.probe_every
-        ):
-            self._rounds_without_model = 0
+        model_rate = self._model_rate(max_tokens, *self._model_acceptance())
+        candidates, match_length, k, ngram_rate = self._ngram_plan(context, max_tokens)
+        if candidates:
+            if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
+                self.ngram_probes.paid()
+                return ngram_draft(candidates[:k], match_length)
+            if self.ngram_probes.due():
+                self.ngram_probes.probed()
+                return ngram_draft(candidates[:PROBE_TOKENS], match_length)
+            self.ngram_probes.skipped()
+        if self.model is None:
+            return Draft.empty()
+        if model_rate > plain_rate * self.margin:
+            self.model_probes.paid()
             return self._model_draft(context, max_tokens, sampling, rng)
-        self._rounds_without_model += 1
+        # A probe only if a model draft could pay at all, were the drafter always right.
+        if self._model_rate(max_tokens, 0.95, 0.95) > plain_rate and self.model_probes.due():
+            self.model_probes.probed()
+            return self._model_draft(context, max_tokens, sampling, rng, at_least=1)
+        self.model_probes.skipped()
         return Draft.empty()
 
     def observe(self, outcome: Outcome) -> None:
@@ -216,24 +273,25 @@ class AdaptiveDrafter:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
-    def _ngram_plan(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], float]:
-        self._last_match_length = 0
+    def _ngram_plan(
+        self, context: Sequence[int], max_tokens: int
+    ) -> tuple[list[int], int, int, float]:
+        """Candidate tokens, their match length, the best length to use (0: none), its rate."""
         if self.ngram is None:
-            return [], 0.0
+            return [], 0, 0, 0.0
         tokens, n = self.ngram.candidates(context, max_tokens)
         if not tokens:
-            return [], 0.0
-        self._last_match_length = n
+            return [], 0, 0, 0.0
         first = self.acceptance.for_ngram(n).value
         k, rate = self._best_length(first, self.acceptance.ngram_next.value, len(tokens), 0.0)
-        # A match that does not pay now is still tried now and then (one token), to relearn.
-        return tokens[: max(k, 1)], rate if k else 0.0
+        return tokens, n, k, rate
 
-    def _model_rate(self, max_tokens: int) -> float:
+    def _model_acceptance(self) -> tuple[float, float]:
+        return self.acceptance.model_first.value, self.acceptance.by_confidence[-2].value
+
+    def _model_rate(self, max_tokens: int, first: float, following: float) -> float:
         if self.model is None:
             return 0.0
-        first = self.acceptance.model_first.value
-        following = self.acceptance.by_confidence[-2].value
         return self._best_length(first, following, max_tokens, self.costs.draft_step)[1]
 
     def _model_draft(
@@ -242,6 +300,7 @@ class AdaptiveDrafter:
         max_tokens: int,
         sampling: SamplingSettings,
         rng: np.random.Generator,
+        at_least: int = 0,
     ) -> Draft:
         draft = DraftBuilder("model")
         sequence = list(context)
@@ -251,9 +310,8 @@ class AdaptiveDrafter:
             keep = survive * self.acceptance.for_confidence(sure).value
             spent = (k + 1) * self.costs.draft_step
             # Keep this token only if it raises the round's expected tokens per second.
-            if (expected + keep) / (spent + self.costs.verify(k + 2)) <= expected / (
-                spent + self.costs.verify(k + 1)
-            ):
+            with_it = (expected + keep) / (spent + self.costs.verify(k + 2))
+            if k >= at_least and with_it <= expected / (spent + self.costs.verify(k + 1)):
                 break
             token = draft.add(dist, sure, sampling, rng)
             survive, expected = keep, expected + keep
@@ -264,10 +322,23 @@ class AdaptiveDrafter:
 
 
 DRAFTER_MODES = ("combined", "model", "ngram", "fixed")
+FIXED_DRAFT_LENGTH = 8
+# Adaptive modes choose each round's length themselves; this only bounds it. Long n-gram
+# drafts are what pay on CPU: one decode of 32 tokens costs about 12 single-token decodes.
+ADAPTIVE_DRAFT_LIMIT = 32
+
+
+def default_draft_max(mode: str) -> int:
+    return FIXED_DRAFT_LENGTH if mode in ("fixed", "none") else ADAPTIVE_DRAFT_LIMIT
+
+
 NEEDS_DRAFT_MODEL = ("combined", "model", "fixed")
 _PROBE_TEXT = (
     "def mean(values):\n    return sum(values) / len(values)\n\n"
-    "The quick brown fox jumps over the lazy dog."
+    "def variance(values):\n    m = mean(values)\n"
+    "    return sum((v - m) ** 2 for v in values) / len(values)\n\n"
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins "
+    "with a single step, and every long answer begins with a single token."
 )
 
 

@@ -27,7 +27,13 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
-from .adaptive import DRAFTER_MODES, NEEDS_DRAFT_MODEL, build_drafter, measure_pair_costs
+from .adaptive import (
+    DRAFTER_MODES,
+    NEEDS_DRAFT_MODEL,
+    build_drafter,
+    default_draft_max,
+    measure_pair_costs,
+)
 from .backend import Backend
 from .comparison import Comparison, compare_outputs
 from .drafters import Drafter
@@ -104,8 +110,10 @@ def load_prompts(path: Path | None = None) -> list[BenchPrompt]:
     seen: set[str] = set()
     for prompt in prompts:
         if prompt.id in seen:
-            raise BadUsageError(f"{source}: the prompt id '{prompt.id}' is used twice.",
-                                "Give every prompt its own id.")
+            raise BadUsageError(
+                f"{source}: the prompt id '{prompt.id}' is used twice.",
+                "Give every prompt its own id.",
+            )
         seen.add(prompt.id)
     return prompts
 
@@ -240,14 +248,18 @@ class Configuration:
 
 
 def configurations(
-    draft_max: Sequence[int], modes: Sequence[str] = ("combined",)
+    draft_max: Sequence[int] | None, modes: Sequence[str] = ("combined",)
 ) -> list[Configuration]:
-    """Every mode at every draft length, in that order (a --draft-max sweep is one axis)."""
+    """Every mode at every draft length, in that order (a --draft-max sweep is one axis);
+    without lengths, each mode at its default."""
     for mode in modes:
         if mode not in DRAFTER_MODES:
             raise BadUsageError(f"unknown drafter '{mode}'.", f"Use one of {DRAFTER_MODES}.")
-    lengths = list(dict.fromkeys(draft_max))
-    return [Configuration(f"{mode} k={k}", mode, k) for mode in modes for k in lengths]
+    return [
+        Configuration(f"{mode} k={k}", mode, k)
+        for mode in modes
+        for k in list(dict.fromkeys(draft_max or [default_draft_max(mode)]))
+    ]
 
 
 def make_drafter(configuration: Configuration, pair: ModelPair) -> Drafter:
@@ -285,8 +297,11 @@ class Estimate:
     high: float
 
     def as_dict(self) -> dict:
-        return {"median": round(self.value, 4), "low": round(self.low, 4),
-                "high": round(self.high, 4)}
+        return {
+            "median": round(self.value, 4),
+            "low": round(self.low, 4),
+            "high": round(self.high, 4),
+        }
 
 
 def geometric_mean(values: Iterable[float]) -> float:
@@ -595,8 +610,9 @@ class BenchReport:
         rows = []
         for category in self.categories():
             ids = [p.id for p in self._measured_prompts() if p.category == category]
-            rows += [self._row("category", category, category, ids, c.label)
-                     for c in self.configurations]
+            rows += [
+                self._row("category", category, category, ids, c.label) for c in self.configurations
+            ]
         return rows
 
     def suite_rows(self) -> list[Row]:
@@ -813,8 +829,17 @@ def _measure_prompt(
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
             finished = _generate(pair, tokens, base, configuration, progress)
             report.runs.append(
-                RunRecord(prompt.id, prompt.category, label, repeat, seed, finished.tokens,
-                          finished.text, finished.finish_reason, finished.stats)
+                RunRecord(
+                    prompt.id,
+                    prompt.category,
+                    label,
+                    repeat,
+                    seed,
+                    finished.tokens,
+                    finished.text,
+                    finished.finish_reason,
+                    finished.stats,
+                )
             )
     if request.sampling.greedy:
         for configuration in request.configurations:
@@ -951,4 +976,3 @@ def file_sha256(path: Path, cache_file: Path | None = None) -> str:
         except OSError:
             pass  # a read-only home must not stop a benchmark
     return known[key]
-

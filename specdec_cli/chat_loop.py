@@ -16,7 +16,7 @@ from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, u
 from .engine import GenerationSettings, Piece
 from .errors import SpecdecError
 from .sampling import SamplingSettings
-from .session import HardwareOptions, load_pair
+from .session import HardwareOptions, load_pair, pair_costs
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,12 @@ def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
     drafter = (
         None
         if request.drafter_mode == "none"
-        else build_drafter(request.drafter_mode, pair.target, pair.drafter)
+        else build_drafter(
+            request.drafter_mode,
+            pair.target,
+            pair.drafter,
+            costs=pair_costs(pair, request.hardware),
+        )
     )
     session = ChatSession(pair, request.generation_settings(), request.system, drafter=drafter)
     drafter_label = request.draft.name if request.draft else None
@@ -161,8 +166,11 @@ def _apply(command: Command, session: ChatSession, view: render.ChatView) -> Non
         view.info("system message " + ("set" if command.value else "removed"))
     elif command.name == "draft":
         session.set_draft_max(command.value)
-        view.info(f"drafting up to {command.value} tokens per round" if command.value else
-                  "drafting off: the target alone")
+        view.info(
+            f"drafting up to {command.value} tokens per round"
+            if command.value
+            else "drafting off: the target alone"
+        )
     elif command.name == "temp":
         session.set_temperature(command.value)
         view.info(f"temperature {command.value:g}")

@@ -33,25 +33,35 @@ TargetOpt = Annotated[
 ModelsFileOpt = Annotated[
     Path | None, typer.Option("--models", help="Extra models.yaml with your own entries.")
 ]
-OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never download; use local files only.")]
+OfflineOpt = Annotated[
+    bool, typer.Option("--offline", help="Never download; use local files only.")
+]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="System message.")]
 RawOpt = Annotated[bool, typer.Option("--raw", help="Send the prompt as-is, no chat template.")]
 TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy.")]
-TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k likeliest tokens (0: all).")]
+TopKOpt = Annotated[
+    int, typer.Option("--top-k", min=0, help="Keep the k likeliest tokens (0: all).")
+]
 TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus mass to keep.")]
 MinPOpt = Annotated[
     float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below min-p x the top one.")
 ]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")
+]
 StopOpt = Annotated[
     list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")
 ]
 DraftMaxOpt = Annotated[
-    int, typer.Option("--draft-max", min=1, help="Most tokens drafted per round.")
+    int | None,
+    typer.Option(
+        "--draft-max", min=1, help="Most tokens drafted per round (default: 8 fixed, else 32)."
+    ),
 ]
 NoDraftOpt = Annotated[
-    bool, typer.Option("--no-draft", help="The target alone, through the same code, for comparison.")
+    bool,
+    typer.Option("--no-draft", help="The target alone, through the same code, for comparison."),
 ]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads.")]
 CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", min=64, help="Context size in tokens.")]
@@ -108,6 +118,12 @@ def read_prompt(argument: str | None) -> str:
 DEFAULT_TARGET = "large"
 
 
+def default_draft_max(mode: str) -> int:
+    from .adaptive import default_draft_max as for_mode
+
+    return for_mode(mode)
+
+
 def check_drafter_mode(mode: str) -> str:
     from .adaptive import DRAFTER_MODES
 
@@ -152,7 +168,9 @@ def resolve_model(spec: str | None, role: str) -> Path:
 
 @app.command()
 def run(
-    prompt: Annotated[str | None, typer.Argument(help="The prompt; piped stdin is appended.")] = None,
+    prompt: Annotated[
+        str | None, typer.Argument(help="The prompt; piped stdin is appended.")
+    ] = None,
     draft: DraftOpt = None,
     target: TargetOpt = None,
     models: ModelsFileOpt = None,
@@ -166,7 +184,7 @@ def run(
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 256,
     stop: StopOpt = None,
-    draft_max: DraftMaxOpt = 8,
+    draft_max: DraftMaxOpt = None,
     drafter: DrafterModeOpt = "combined",
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
@@ -200,7 +218,7 @@ def run(
             seed=seed,
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
-            draft_max=draft_max,
+            draft_max=draft_max or default_draft_max(mode),
             hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
             force_incompatible=force,
             verify=verify,
@@ -254,7 +272,7 @@ def chat(
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 512,
     stop: StopOpt = None,
-    draft_max: DraftMaxOpt = 8,
+    draft_max: DraftMaxOpt = None,
     drafter: DrafterModeOpt = "combined",
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
@@ -287,7 +305,7 @@ def chat(
             seed=seed,
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
-            draft_max=draft_max,
+            draft_max=draft_max or default_draft_max(mode),
             hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
             force_incompatible=force,
             no_color=no_color,
@@ -314,8 +332,13 @@ def bench(
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side.")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up tokens (0: none).")] = 16,
     draft_max: Annotated[
-        str, typer.Option("--draft-max", help="Draft length, or a list to sweep: 2,4,8.")
-    ] = "8",
+        str | None,
+        typer.Option(
+            "--draft-max",
+            help="Draft length, or a list to sweep: 2,4,8 (default: 8 "
+            "for fixed, 32 for the adaptive modes).",
+        ),
+    ] = None,
     drafter: Annotated[
         str,
         typer.Option(
@@ -363,7 +386,7 @@ def bench(
                 bench_lib.load_prompts(prompts), category or (), per_category
             ),
             configurations=bench_lib.configurations(
-                bench_lib.parse_int_list(draft_max, "--draft-max"), modes
+                bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None, modes
             ),
             prompts_source=str(prompts) if prompts else "built-in suite",
             repeats=repeats,

@@ -11,7 +11,14 @@ from .adaptive import build_drafter
 from .comparison import Comparison, compare_outputs
 from .engine import Finished, Generation, GenerationSettings, Piece
 from .sampling import SamplingSettings
-from .session import HardwareOptions, ModelPair, check_prompt_fits, load_pair, prompt_tokens
+from .session import (
+    HardwareOptions,
+    ModelPair,
+    check_prompt_fits,
+    load_pair,
+    pair_costs,
+    prompt_tokens,
+)
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -97,7 +104,8 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
 def _drafter(pair: ModelPair, request: RunRequest):
     if request.drafter_mode == "none":
         return None
-    return build_drafter(request.drafter_mode, pair.target, pair.drafter)
+    costs = pair_costs(pair, request.hardware)
+    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
 
 
 def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +82,64 @@ def check_prompt_fits(prompt: list[int], n_ctx: int) -> None:
             f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}.",
             "Raise --ctx-size or shorten the input.",
         )
+
+
+COSTS_MAX_AGE_SECONDS = 24 * 3600
+
+
+def pair_costs(pair: ModelPair, hardware: HardwareOptions) -> CostModel:
+    """Decode timings of this pair on this machine: measured once (a few seconds), then
+    reused from a small cache for a day. Each run refines its own copy as it goes."""
+    from .adaptive import measure_pair_costs
+    from .fetch import specdec_cache_dir
+
+    cache = specdec_cache_dir() / "decode-costs.json"
+    key = _costs_key(pair, hardware)
+    entries = _read_json(cache)
+    entry = entries.get(key) if key else None
+    if entry and time.time() - entry["measured_at"] < COSTS_MAX_AGE_SECONDS:
+        table = {int(n): seconds for n, seconds in entry["verify_seconds"].items()}
+        return CostModel(table, entry["draft_step"])
+    costs = measure_pair_costs(pair.target, pair.drafter)
+    if key:
+        entries[key] = {
+            "measured_at": time.time(),
+            "verify_seconds": {str(n): s for n, s in costs.verify_seconds.items()},
+            "draft_step": costs.draft_step,
+        }
+        _write_json_atomically(cache, entries)
+    return costs
+
+
+def _costs_key(pair: ModelPair, hardware: HardwareOptions) -> str | None:
+    parts = []
+    for backend in (pair.target, pair.drafter):
+        path = getattr(backend, "path", None)
+        if backend is not None and path is None:
+            return None
+        if path is not None:
+            stat = Path(path).stat()
+            parts.append(f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
+        else:
+            parts.append("-")
+    parts.append(
+        f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
+    )
+    return "|".join(parts)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a missing or damaged cache is only a cache: measure again
+
+
+def _write_json_atomically(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(data, indent=1))
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only home: the next run measures again

@@ -32,18 +32,23 @@ def run_json(tiny_models, prompt: str, *extra: str) -> dict:
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_output_equals_the_target_alone(tiny_models, prompt):
-    speculative = run_json(
-        tiny_models, prompt, "--draft", str(tiny_models.close_drafter), "-n", "48"
-    )
+    drafter = str(tiny_models.close_drafter)
     plain = run_json(tiny_models, prompt, "--no-draft", "-n", "48")
-    assert speculative["tokens"] == plain["tokens"]
-    assert speculative["text"] == plain["text"]
-    assert speculative["stats"]["accepted"] > 0
+    fixed = run_json(tiny_models, prompt, "--draft", drafter, "--drafter", "fixed", "-n", "48")
+    assert fixed["tokens"] == plain["tokens"]
+    assert fixed["text"] == plain["text"]
+    assert fixed["stats"]["accepted"] > 0
     assert plain["stats"]["drafted"] == 0
+    for mode in ("combined", "model", "ngram"):
+        adaptive = run_json(tiny_models, prompt, "--draft", drafter, "--drafter", mode, "-n", "48")
+        assert adaptive["tokens"] == plain["tokens"], mode
 
 
 def test_json_record_is_complete_and_consistent(tiny_models):
-    record = run_json(tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "-n", "40")
+    record = run_json(
+        tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "--drafter", "fixed",
+        "-n", "40",
+    )
     stats = record["stats"]
     assert set(record) >= {"text", "tokens", "finish_reason", "stats", "settings"}
     assert record["finish_reason"] == "length"
@@ -51,7 +56,7 @@ def test_json_record_is_complete_and_consistent(tiny_models):
     assert 0 <= stats["accepted"] <= stats["drafted"]
     assert stats["tokens_per_pass"] == pytest.approx(40 / stats["target_passes"], abs=1e-3)
     assert stats["acceptance"] == pytest.approx(stats["accepted"] / stats["drafted"], abs=1e-3)
-    assert record["settings"]["draft_max"] == 8
+    assert record["settings"]["draft_max"] == 8  # the fixed mode's default
     assert record["settings"]["sampling"]["temperature"] == 0.0
 
 

@@ -19,7 +19,7 @@ import pytest
 from fakes import FakeBackend, blended, negated, table_model
 from scipy import stats
 
-from specdec_cli.adaptive import AdaptiveDrafter, CostModel
+from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
 from specdec_cli.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine import Finished, Generation, GenerationSettings
 from specdec_cli.sampling import (
@@ -81,9 +81,10 @@ def draw(
     target = FakeBackend(TARGET, N_VOCAB, end_of_generation={EOS})
     drafter = ModelDrafter(target.twin(DRAFTERS[drafter_model]), min_confidence=min_confidence)
     if adaptive:  # point-mass n-gram drafts, model drafts and plain rounds, chosen as it learns
-        costs = CostModel(1.0, 0.3, 0.2, learn=False)
+        costs = CostModel({1: 1.0, 2: 1.3, 8: 3.1}, 0.2, learn=False)
         model = drafter if adaptive == "combined" else None
-        drafter = AdaptiveDrafter(costs, model=model, ngram=NgramDrafter(), probe_every=2)
+        often = {"model_probes": ProbeSchedule(2, 2), "ngram_probes": ProbeSchedule(2, 2)}
+        drafter = AdaptiveDrafter(costs, model=model, ngram=NgramDrafter(), **often)
     counts: Counter = Counter()
     for seed in range(samples):
         gen_settings = GenerationSettings(
