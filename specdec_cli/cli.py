@@ -233,6 +233,15 @@ def pull(
         list[str] | None, typer.Argument(help="Names or aliases (default: the default pair).")
     ] = None,
     models: ModelsFileOpt = None,
+    optimize_drafter: Annotated[
+        bool,
+        typer.Option(
+            "--optimize-drafter",
+            help="Also build a Q4_0 copy of each drafter pulled (faster on CPUs), measure its "
+            "speed and acceptance against the original, and record it in your models.yaml.",
+        ),
+    ] = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Download and verify models; prints NAME<TAB>PATH per model."""
     from . import fetch, render_fetch
@@ -241,6 +250,27 @@ def pull(
         progress = render_fetch.RichFetchProgress()
         pulled = fetch.pull(names or [], models_file=models, progress=progress)
         render_fetch.print_pulled(pulled)
+        if optimize_drafter:
+            optimise_pulled_drafters(pulled, models, progress, HardwareOptions(threads=threads))
+
+
+def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) -> None:
+    from . import fetch, render_fetch
+    from .tune import optimise_drafter
+
+    drafters = [m for m in pulled if m.entry is not None and m.entry.role == "drafter"]
+    if not drafters:
+        raise BadUsageError(
+            "--optimize-drafter found no drafter among the models pulled.",
+            "Name one, e.g. `specdec pull small --optimize-drafter`.",
+        )
+    target = fetch.resolve_model(DEFAULT_TARGET, models_file=models, progress=progress)
+    console = render.stderr_console()
+    for drafter in drafters:
+        with console.status(f"requantising and measuring {drafter.name}…"):
+            result = optimise_drafter(drafter, target, hardware, models)
+        render.print_optimisation(console, result, target.name)
+        render_fetch.print_pulled([fetch.resolve_model(result.name, models_file=models)])
 
 
 @app.command(name="models")

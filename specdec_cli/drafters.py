@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -136,16 +137,20 @@ def confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) 
 
 class NgramIndex:
     """Prompt-lookup drafting: where did the text's current ending occur before, and what
-    followed it there? Kept in step with a growing context, one dict update per n."""
+    followed it there? Kept in step with a growing context, one dict update per n.
 
-    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
+    Of several earlier occurrences it prefers the first one after the place the last
+    continuation came from: an answer that copies its input (an edit, a refactor) moves
+    forward through it, and the most recent occurrence is often the wrong one."""
+
+    def __init__(self, max_n: int = 8, min_n: int = 1) -> None:
         self.max_n, self.min_n = max_n, min_n
         self._reset()
 
     def _reset(self) -> None:
         self._tokens: list[int] = []
-        self._last_end: dict[tuple[int, ...], int] = {}
-        self._previous_end: dict[int, int | None] = {}
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._cursor = -1  # where the last continuation was taken from
 
     def sync(self, context: Sequence[int]) -> None:
         known = len(self._tokens)
@@ -159,15 +164,18 @@ class NgramIndex:
         self._tokens.append(token)
         end = len(self._tokens) - 1
         for n in range(1, min(self.max_n, end + 1) + 1):
-            key = tuple(self._tokens[end - n + 1 :])
-            self._previous_end[n] = self._last_end.get(key)
-            self._last_end[key] = end
+            self._ends.setdefault(tuple(self._tokens[end - n + 1 :]), []).append(end)
 
     def continuation(self, max_tokens: int) -> tuple[list[int], int]:
         """The tokens that followed the longest earlier match of the text's ending, and n."""
+        last = len(self._tokens) - 1
         for n in range(min(self.max_n, len(self._tokens)), self.min_n - 1, -1):
-            end = self._previous_end.get(n)
-            if end is not None:
+            ends = self._ends.get(tuple(self._tokens[last - n + 1 :]), [])
+            earlier = ends[:-1] if ends and ends[-1] == last else ends
+            if earlier:
+                following = bisect.bisect_right(earlier, self._cursor)
+                end = earlier[following] if following < len(earlier) else earlier[-1]
+                self._cursor = end
                 return self._tokens[end + 1 : end + 1 + max_tokens], n
         return [], 0
 

@@ -294,3 +294,30 @@ def _load_model(path: Path, n_gpu_layers: int):
             "run with --verbose to see llama.cpp's log.",
         )
     return model
+
+
+QUANT_TYPES = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}
+
+
+def requantize(source: Path, destination: Path, quant: str = "q4_0", threads: int | None = None):
+    """Write `source` re-quantised to `quant` (llama.cpp's llama_model_quantize).
+
+    Requantising an already-quantised file loses a little accuracy; for a drafter that only
+    costs acceptance, which the caller measures. Writes a temporary file and renames it, so
+    an interrupted run leaves nothing that looks complete."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[quant]
+    params.nthread = threads or default_threads()
+    params.allow_requantize = True
+    partial = destination.with_name(destination.name + ".partial")
+    status = llama_cpp.llama_model_quantize(
+        str(source).encode("utf-8"), str(partial).encode("utf-8"), ctypes.byref(params)
+    )
+    if status != 0:
+        partial.unlink(missing_ok=True)
+        raise ModelFileError(
+            f"llama.cpp could not requantise {source.name} (status {status}).",
+            "Check that the file is a complete GGUF model and the disk has room.",
+        )
+    os.replace(partial, destination)
+    return destination

@@ -235,9 +235,7 @@ def _parse_entry(name: str, spec: Any, path: Path) -> ModelEntry:
 def _parse_source(spec: Any, path: Path, model_where: str, index: int) -> Source:
     where = f"{model_where}, sources[{index}]"
     if not isinstance(spec, dict) or len(spec) != 1:
-        raise _field_error(
-            path, where, "source", "a mapping with one key: hf, pypi or path", spec
-        )
+        raise _field_error(path, where, "source", "a mapping with one key: hf, pypi or path", spec)
     kind, body = next(iter(spec.items()))
     parsers = {"hf": _parse_hub, "pypi": _parse_pypi, "path": _parse_path}
     if kind not in parsers:
@@ -353,3 +351,25 @@ def _field_error(path: Path, where: str, key: str, expected: str, got: Any) -> R
         f"{path}: {where}, field '{key}': expected {expected}, got {got!r}.",
         "Fix the entry; see docs/models.md for the format.",
     )
+
+
+def record_user_model(
+    name: str, fields: dict, aliases: tuple[str, ...] = (), models_file: Path | None = None
+) -> Path:
+    """Add or replace one entry in the user's models.yaml, keeping everything else in it.
+
+    The new text is validated before it replaces the file, and written to a temporary file
+    first, so a failure never leaves a broken registry behind."""
+    path = models_file or user_registry_path()
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    data = data if isinstance(data, dict) else {"version": 1}
+    data.setdefault("models", {})[name] = fields
+    for alias in aliases:
+        data.setdefault("aliases", {})[alias] = name
+    text = yaml.safe_dump(data, sort_keys=False)
+    parse_registry(text, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+    return path

@@ -8,6 +8,7 @@ from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 
 from .comparison import Comparison
@@ -186,3 +187,24 @@ class ChatView:
                 + (f" · dropped {r.dropped_exchanges} old exchanges" if r.dropped_exchanges else "")
                 + "[/dim]"
             )
+
+
+def print_optimisation(console: Console, result, target_name: str) -> None:
+    """The requantised drafter next to the original: step time and acceptance."""
+    table = Table(title=f"drafter for {target_name}", title_justify="left", box=None)
+    for column in ("model", "file", "step ms", "acceptance"):
+        table.add_column(column, justify="left" if column in ("model", "file") else "right")
+    for label, measured in (("original", result.original), ("requantised", result.optimised)):
+        table.add_row(
+            label,
+            measured.path.name,
+            f"{measured.step_ms:.1f}",
+            f"{100 * measured.acceptance:.0f}%",
+        )
+    console.print(table)
+    speed = result.original.step_ms / result.optimised.step_ms
+    console.print(
+        f"[dim]{result.name}: {speed:.2f}x the drafting speed; recorded in your models.yaml. "
+        f"Use it with --draft {result.name} (or its -q4_0 alias).[/dim]",
+        soft_wrap=True,
+    )
