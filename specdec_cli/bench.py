@@ -40,7 +40,14 @@ from .drafters import Drafter
 from .engine import Finished, Generation, GenerationSettings, GenerationStats, Piece
 from .errors import BadUsageError, SpecdecError
 from .sampling import SamplingSettings
-from .session import HardwareOptions, ModelPair, check_prompt_fits, load_pair, prompt_tokens
+from .session import (
+    HardwareOptions,
+    ModelPair,
+    check_prompt_fits,
+    load_drafter,
+    load_pair,
+    prompt_tokens,
+)
 
 SCHEMA = "specdec.bench/1"
 TARGET_ALONE = "target alone"
@@ -239,6 +246,7 @@ class Configuration:
     label: str
     drafter: str = "combined"  # the drafting mode; see adaptive.build_drafter
     draft_max: int = 8
+    draft_model: str | None = None  # one of the extra drafters by name; None: the main one
 
     def settings(self, base: GenerationSettings) -> GenerationSettings:
         return replace(base, draft_max=self.draft_max)
@@ -248,30 +256,37 @@ class Configuration:
 
 
 def configurations(
-    draft_max: Sequence[int] | None, modes: Sequence[str] = ("combined",)
+    draft_max: Sequence[int] | None,
+    modes: Sequence[str] = ("combined",),
+    extra_drafts: Sequence[str] = (),
 ) -> list[Configuration]:
     """Every mode at every draft length, in that order (a --draft-max sweep is one axis);
-    without lengths, each mode at its default."""
+    without lengths, each mode at its default. Modes that use a draft model run once more
+    with each extra drafter."""
     for mode in modes:
         if mode not in DRAFTER_MODES:
             raise BadUsageError(f"unknown drafter '{mode}'.", f"Use one of {DRAFTER_MODES}.")
-    return [
-        Configuration(f"{mode} k={k}", mode, k)
-        for mode in modes
-        for k in list(dict.fromkeys(draft_max or [default_draft_max(mode)]))
-    ]
+    found = []
+    for mode in modes:
+        drafts = [None, *extra_drafts] if mode in NEEDS_DRAFT_MODEL else [None]
+        for draft in drafts:
+            for k in dict.fromkeys(draft_max or [default_draft_max(mode)]):
+                label = f"{mode} k={k}" + (f" [{draft}]" if draft else "")
+                found.append(Configuration(label, mode, k, draft))
+    return found
 
 
 def make_drafter(configuration: Configuration, pair: ModelPair) -> Drafter:
     """The one place a configuration becomes a drafter (fresh per run: drafters learn as they
     go). The pair's costs, measured once per bench, spare each run its own timing probe."""
-    if configuration.drafter in NEEDS_DRAFT_MODEL and pair.drafter is None:
+    drafter, costs = pair.drafter, pair.costs
+    if configuration.draft_model is not None:
+        drafter, costs = pair.alternates[configuration.draft_model]
+    if configuration.drafter in NEEDS_DRAFT_MODEL and drafter is None:
         raise BadUsageError(
             f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
         )
-    return build_drafter(
-        configuration.drafter, pair.target, pair.drafter, costs=copy.copy(pair.costs)
-    )
+    return build_drafter(configuration.drafter, pair.target, drafter, costs=copy.copy(costs))
 
 
 def parse_int_list(text: str, option: str) -> list[int]:
@@ -702,6 +717,7 @@ class BenchRequest:
     draft: Path | None
     prompts: list[BenchPrompt]
     configurations: list[Configuration]
+    extra_drafts: dict[str, Path] = field(default_factory=dict)  # compared in the same run
     prompts_source: str = "built-in suite"
     repeats: int = 3
     warmup_tokens: int = 16
@@ -720,6 +736,7 @@ class BenchRequest:
         return {
             "target": str(self.target),
             "draft": None if self.draft is None else str(self.draft),
+            "extra_drafts": {name: str(path) for name, path in self.extra_drafts.items()},
             "prompts": self.prompts_source,
             "prompt_ids": [p.id for p in self.prompts],
             "configurations": [c.as_dict() for c in self.configurations],
@@ -742,14 +759,21 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         raise BadUsageError("no prompts to run.", "Check --category and --per-category.")
     progress.stage("loading models")
     pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+    for name, path in request.extra_drafts.items():
+        drafter = load_drafter(pair.target, path, request.hardware, request.force_incompatible)
+        pair.alternates[name] = (drafter, None)
     progress.stage("timing decodes")
     pair.costs = measure_pair_costs(pair.target, pair.drafter)
+    for name, (drafter, _) in pair.alternates.items():
+        pair.alternates[name] = (drafter, measure_pair_costs(pair.target, drafter))
     for configuration in request.configurations:
         make_drafter(configuration, pair)  # an unusable configuration fails before measuring
     progress.stage("hashing model files")
     models = {"target": model_record(pair.target, request.target)}
     if pair.drafter is not None and request.draft is not None:
         models["draft"] = model_record(pair.drafter, request.draft)
+    for name, path in request.extra_drafts.items():
+        models[f"draft:{name}"] = model_record(pair.alternates[name][0], path)
     return measure(pair, request, progress, models=models, machine=machine_info(request.hardware))
 
 

@@ -406,17 +406,26 @@ def bench(
     with user_errors():
         modes = [check_drafter_mode(mode.strip()) for mode in drafter.split(",") if mode.strip()]
         needs_model = next((m for m in modes if m in NEEDS_DRAFT_MODEL), "ngram")
+        main_draft, *extra_drafts = (draft or "").split(",") if draft else [None]
         target_path, draft_path = resolve_models(
-            target, draft, models=models, offline=offline, mode=needs_model
+            target, main_draft, models=models, offline=offline, mode=needs_model
         )
         request = bench_lib.BenchRequest(
             target=target_path,
             draft=draft_path,
+            extra_drafts={
+                Path(name).stem if name.endswith(".gguf") else name: resolve_models(
+                    target, name, models=models, offline=offline, mode=needs_model
+                )[1]
+                for name in extra_drafts
+            },
             prompts=bench_lib.select_prompts(
                 bench_lib.load_prompts(prompts), category or (), per_category
             ),
             configurations=bench_lib.configurations(
-                bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None, modes
+                bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None,
+                modes,
+                [Path(name).stem if name.endswith(".gguf") else name for name in extra_drafts],
             ),
             prompts_source=str(prompts) if prompts else "built-in suite",
             repeats=repeats,

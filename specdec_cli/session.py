@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .adaptive import CostModel
@@ -28,9 +28,12 @@ class ModelPair:
     target: Backend
     drafter: Backend | None
     costs: CostModel | None = None  # decode timings on this machine, once measured
+    # More drafters to compare (bench): name -> (backend, its costs once measured)
+    alternates: dict[str, tuple[Backend, CostModel | None]] = field(default_factory=dict)
 
     def reset(self) -> None:
-        for backend in (self.target, self.drafter):
+        others = [backend for backend, _ in self.alternates.values()]
+        for backend in (self.target, self.drafter, *others):
             if backend is not None:
                 backend.truncate(0)
 
@@ -52,6 +55,14 @@ def load_pair(
     )
     if draft_path is None:
         return ModelPair(target, None)
+    return ModelPair(target, load_drafter(target, draft_path, hardware, force_incompatible))
+
+
+def load_drafter(
+    target: Backend, draft_path: Path, hardware: HardwareOptions, force_incompatible: bool = False
+) -> Backend:
+    from . import llama_backend
+
     drafter = llama_backend.LlamaBackend(
         draft_path,
         n_ctx=hardware.ctx_size,
@@ -60,7 +71,7 @@ def load_pair(
     )
     if not force_incompatible:
         check_compatible(target, drafter)
-    return ModelPair(target, drafter)
+    return drafter
 
 
 def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:

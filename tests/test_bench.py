@@ -361,3 +361,21 @@ def test_prompt_that_never_fits_is_an_error_before_measuring(tiny_models, tmp_pa
     )
     report = bench.run_bench(request)  # the warm-up tokenises the first prompt
     assert report.exit_code == ContextOverflowError.exit_code and not report.runs
+
+
+def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    prompts = write(tmp_path, "prompts.yaml", PROMPTS_YAML)
+    out = tmp_path / "bench.json"
+    drafts = f"{tiny_models.close_drafter},{tiny_models.unrelated_drafter}"
+    args = bench_args(tiny_models, prompts, "--drafter", "fixed,ngram", "--json", str(out))
+    args[args.index("--draft") + 1] = drafts
+    result = runner.invoke(app(), args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    labels = [c["label"] for c in report["settings"]["configurations"]]
+    assert labels == ["fixed k=8", "fixed k=8 [unrelated_drafter]", "ngram k=32"]
+    assert set(report["models"]) == {"target", "draft", "draft:unrelated_drafter"}
+    by_label = {row["configuration"]: row for row in report["summary"]["configurations"]}
+    close, unrelated = by_label["fixed k=8"], by_label["fixed k=8 [unrelated_drafter]"]
+    assert close["speculative"]["acceptance"] > unrelated["speculative"]["acceptance"]
