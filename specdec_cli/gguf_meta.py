@@ -23,8 +23,17 @@ FIRST_COMPARED_TOKEN = 5
 
 # GGUF value types -> struct format of one scalar. 8 (string) and 9 (array) are variable-size.
 _SCALAR_FORMATS = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i",
-    6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
 }
 _STRING, _ARRAY = 8, 9
 # Keys whose values we keep; everything else is skipped without building Python objects.

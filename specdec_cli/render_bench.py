@@ -33,8 +33,10 @@ def run_and_report(
     code (0, 130 interrupted, 1 or the error's own code)."""
     for path in (json_path, markdown_path):
         if path is not None and str(path) != "-" and not path.parent.is_dir():
-            raise BadUsageError(f"cannot write {path}: {path.parent} is not a folder.",
-                                "Create it, or write the report somewhere else.")
+            raise BadUsageError(
+                f"cannot write {path}: {path.parent} is not a folder.",
+                "Create it, or write the report somewhere else.",
+            )
     err = render.stderr_console()
     # The report goes to the terminal: stdout if it is one, else stderr (stdout may be JSON).
     if sys.stdout.isatty() and str(json_path) != "-":
@@ -171,8 +173,17 @@ def print_report(console: Console, report: bench.BenchReport) -> None:
 
 def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
     table = _table("Per prompt (tok/s and time to first token: medians over repeats)")
-    for name in ["prompt", "config", "tok/s alone→spec", "speedup (95% CI)", "accept",
-                 "drafted/acc", "tok/pass", "TTFT alone/spec", "output"]:
+    for name in [
+        "prompt",
+        "config",
+        "tok/s alone→spec",
+        "speedup (95% CI)",
+        "accept",
+        "drafted/acc",
+        "tok/pass",
+        "TTFT alone/spec",
+        "output",
+    ]:
         if name != "config" or sweep:
             table.add_column(name, justify="left" if name in _LEFT else "right")
     category = None
@@ -181,8 +192,11 @@ def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
             table.add_section()
         category = row.category
         cells = [
-            Text.assemble(row.name, (f" {row.category}", "dim")), row.configuration,
-            _tps(row), _speedup_cell(row), _pct(row.speculative.acceptance),
+            Text.assemble(row.name, (f" {row.category}", "dim")),
+            row.configuration,
+            _tps(row),
+            _speedup_cell(row),
+            _pct(row.speculative.acceptance),
             f"{row.speculative.drafted}/{row.speculative.accepted}",
             _num(row.speculative.tokens_per_pass, ".2f"),
             f"{_num(row.alone.first_token_seconds, '.2f')}/"
@@ -196,8 +210,16 @@ def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
 def category_table(report: bench.BenchReport, sweep: bool) -> Table:
     best = bench.BenchReport.best(report.category_rows()) if sweep else {}
     table = _table("Per category (speedup: geometric mean of the per-prompt medians)")
-    for name in ["category", "config", "tok/s alone→spec", "speedup (95% CI)", "accept",
-                 "tok/pass", "time draft/verify/other", "identical"]:
+    for name in [
+        "category",
+        "config",
+        "tok/s alone→spec",
+        "speedup (95% CI)",
+        "accept",
+        "tok/pass",
+        "time draft/verify/other",
+        "identical",
+    ]:
         if name != "config" or sweep:
             table.add_column(name, justify="left" if name in _LEFT else "right")
     for row in report.category_rows() + report.suite_rows():
@@ -205,9 +227,13 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
             table.add_section()
         label = row.configuration + (" ★" if best.get(row.name) == row.configuration else "")
         cells = [
-            Text(row.name, style="bold" if row.scope == "suite" else ""), label,
-            _tps(row), _speedup_cell(row), _pct(row.speculative.acceptance),
-            _num(row.speculative.tokens_per_pass, ".2f"), _split(row.speculative),
+            Text(row.name, style="bold" if row.scope == "suite" else ""),
+            label,
+            _tps(row),
+            _speedup_cell(row),
+            _pct(row.speculative.acceptance),
+            _num(row.speculative.tokens_per_pass, ".2f"),
+            _split(row.speculative),
             _identical(row),
         ]
         table.add_row(*(cells if sweep else cells[:1] + cells[2:]))
@@ -300,47 +326,95 @@ def markdown(report: bench.BenchReport) -> str:
     lines += [strip_markup(line) for line in summary_lines(report)]
     lines += ["", "## Per category", ""]
     lines += _md_table(
-        ["category", "config", "alone tok/s", "spec tok/s", "speedup", "95% CI", "accept",
-         "tok/pass", "drafted/accepted", "time draft/verify/other", "identical"],
         [
-            [r.name, r.configuration, _num(r.alone.tokens_per_second),
-             _num(r.speculative.tokens_per_second), _speedup(r), _interval(r),
-             _pct(r.speculative.acceptance), _num(r.speculative.tokens_per_pass, ".2f"),
-             f"{r.speculative.drafted}/{r.speculative.accepted}", _split(r.speculative),
-             _identical(r)]
+            "category",
+            "config",
+            "alone tok/s",
+            "spec tok/s",
+            "speedup",
+            "95% CI",
+            "accept",
+            "tok/pass",
+            "drafted/accepted",
+            "time draft/verify/other",
+            "identical",
+        ],
+        [
+            [
+                r.name,
+                r.configuration,
+                _num(r.alone.tokens_per_second),
+                _num(r.speculative.tokens_per_second),
+                _speedup(r),
+                _interval(r),
+                _pct(r.speculative.acceptance),
+                _num(r.speculative.tokens_per_pass, ".2f"),
+                f"{r.speculative.drafted}/{r.speculative.accepted}",
+                _split(r.speculative),
+                _identical(r),
+            ]
             for r in report.category_rows() + report.suite_rows()
         ],
     )
     lines += ["", "## Per prompt", ""]
     lines += _md_table(
-        ["prompt", "category", "config", "prompt tokens", "alone tok/s", "spec tok/s",
-         "speedup", "95% CI", "accept", "tok/pass", "drafted/accepted", "TTFT alone",
-         "TTFT spec", "draft lengths", "output"],
         [
-            [r.name, r.category or "", r.configuration, _num(r.prompt_tokens, "d"),
-             _num(r.alone.tokens_per_second), _num(r.speculative.tokens_per_second),
-             _speedup(r), _interval(r), _pct(r.speculative.acceptance),
-             _num(r.speculative.tokens_per_pass, ".2f"),
-             f"{r.speculative.drafted}/{r.speculative.accepted}",
-             _num(r.alone.first_token_seconds, ".3f", " s"),
-             _num(r.speculative.first_token_seconds, ".3f", " s"),
-             " ".join(f"{k}:{v}" for k, v in r.speculative.draft_lengths.items()),
-             _output(r)]
+            "prompt",
+            "category",
+            "config",
+            "prompt tokens",
+            "alone tok/s",
+            "spec tok/s",
+            "speedup",
+            "95% CI",
+            "accept",
+            "tok/pass",
+            "drafted/accepted",
+            "TTFT alone",
+            "TTFT spec",
+            "draft lengths",
+            "output",
+        ],
+        [
+            [
+                r.name,
+                r.category or "",
+                r.configuration,
+                _num(r.prompt_tokens, "d"),
+                _num(r.alone.tokens_per_second),
+                _num(r.speculative.tokens_per_second),
+                _speedup(r),
+                _interval(r),
+                _pct(r.speculative.acceptance),
+                _num(r.speculative.tokens_per_pass, ".2f"),
+                f"{r.speculative.drafted}/{r.speculative.accepted}",
+                _num(r.alone.first_token_seconds, ".3f", " s"),
+                _num(r.speculative.first_token_seconds, ".3f", " s"),
+                " ".join(f"{k}:{v}" for k, v in r.speculative.draft_lengths.items()),
+                _output(r),
+            ]
             for r in report.prompt_rows()
         ],
     )
     lines += ["", "## Settings", ""]
-    lines += _md_table(["setting", "value"], [
-        [key, f"`{value}`"] for key, value in settings.items() if key != "prompt_ids"
-    ])
+    lines += _md_table(
+        ["setting", "value"],
+        [[key, f"`{value}`"] for key, value in settings.items() if key != "prompt_ids"],
+    )
     lines += ["", "## Machine", ""]
     lines += _md_table(["", ""], [[key, f"`{value}`"] for key, value in machine.items()])
     lines += ["", "## Models", ""]
     lines += _md_table(
         ["role", "file", "description", "parameters", "bytes", "SHA-256"],
         [
-            [role, m.get("file", ""), str(m.get("description", "")), str(m.get("parameters", "")),
-             str(m.get("size_bytes", "")), f"`{m.get('sha256', '')}`"]
+            [
+                role,
+                m.get("file", ""),
+                str(m.get("description", "")),
+                str(m.get("parameters", "")),
+                str(m.get("size_bytes", "")),
+                f"`{m.get('sha256', '')}`",
+            ]
             for role, m in report.models.items()
         ],
     )

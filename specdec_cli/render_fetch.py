@@ -38,8 +38,13 @@ class RichFetchProgress:
         if not self.console.is_terminal:
             return
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-            TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self._progress.start()
         self._task = self._progress.add_task(label, total=total)
@@ -78,7 +83,11 @@ def print_models_table(statuses: Sequence[ModelStatus], console: Console | None 
         table.add_column(column, overflow="fold")
     for s in statuses:
         table.add_row(
-            _name_cell(s), s.role or "", s.family, s.params or "", s.quant or "",
+            _name_cell(s),
+            s.role or "",
+            s.family,
+            s.params or "",
+            s.quant or "",
             _human_bytes(s.size) if s.size else "?",
             f"[green]{s.path}[/green]" if s.path else "[dim]not downloaded[/dim]",
             ", ".join(s.drafter_for) or ("" if s.vocab else "[dim]unknown vocab[/dim]"),
