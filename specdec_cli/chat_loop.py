@@ -7,66 +7,33 @@ import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 from . import render
-from .adaptive import build_drafter
 from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
-from .engine import GenerationSettings, Piece
+from .engine import Piece
 from .errors import SpecdecError
-from .sampling import SamplingSettings
-from .session import HardwareOptions, load_pair, pair_costs
+from .session import DecodeRequest, open_models
 
 
 @dataclass(frozen=True)
 class ChatRequest:
-    target: Path
-    draft: Path | None
-    drafter_mode: str  # see adaptive.build_drafter; "none" for the target alone
-    system: str | None
-    sampling: SamplingSettings
-    seed: int | None
-    max_tokens: int
-    stop: tuple[str, ...]
-    draft_max: int
-    hardware: HardwareOptions
-    force_incompatible: bool
-    no_color: bool
-
-    def generation_settings(self) -> GenerationSettings:
-        return GenerationSettings(
-            max_tokens=self.max_tokens,
-            draft_max=self.draft_max,
-            stop=self.stop,
-            sampling=self.sampling,
-            seed=self.seed,
-        )
+    decode: DecodeRequest
+    no_color: bool = False
 
 
 def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
     stdin = stdin or sys.stdin
     interactive = stdin.isatty()
     view = render.ChatView.terminal(request.no_color) if interactive else render.ChatView.scripted()
+    decode = request.decode
     with view.loading():
-        pair = load_pair(
-            request.target, request.draft, request.hardware, request.force_incompatible
-        )
-    drafter = (
-        None
-        if request.drafter_mode == "none"
-        else build_drafter(
-            request.drafter_mode,
-            pair.target,
-            pair.drafter,
-            costs=pair_costs(pair, request.hardware),
-        )
-    )
-    session = ChatSession(pair, request.generation_settings(), request.system, drafter=drafter)
-    drafter_label = request.draft.name if request.draft else None
-    if request.drafter_mode == "ngram":
+        pair, drafter = open_models(decode)
+    session = ChatSession(pair, decode.generation_settings(), decode.system, drafter=drafter)
+    drafter_label = decode.draft.name if decode.draft else None
+    if decode.drafter_mode == "ngram":
         drafter_label = "prompt lookup"
-    view.header(request.target.name, drafter_label, session.drafting)
+    view.header(decode.target.name, drafter_label, session.drafting)
     lines = _terminal_lines() if interactive else _piped_lines(stdin)
     for line in lines:
         try:

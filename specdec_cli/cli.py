@@ -13,7 +13,7 @@ import typer
 from . import render
 from .errors import BadUsageError, SpecdecError
 from .sampling import SamplingSettings
-from .session import HardwareOptions
+from .session import DecodeRequest, HardwareOptions
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -207,13 +207,11 @@ def run(
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        request = RunRequest(
-            prompt=text,
+        decode = DecodeRequest(
             target=target_path,
             draft=draft_path,
             drafter_mode=mode,
             system=system,
-            raw=raw,
             sampling=SamplingSettings(temp, top_k, top_p, min_p),
             seed=seed,
             max_tokens=max_tokens,
@@ -221,8 +219,8 @@ def run(
             draft_max=draft_max or default_draft_max(mode),
             hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
             force_incompatible=force,
-            verify=verify,
         )
+        request = RunRequest(decode, prompt=text, raw=raw, verify=verify)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
 
@@ -326,7 +324,7 @@ def chat(
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        request = ChatRequest(
+        decode = DecodeRequest(
             target=target_path,
             draft=draft_path,
             drafter_mode=mode,
@@ -338,8 +336,8 @@ def chat(
             draft_max=draft_max or default_draft_max(mode),
             hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
             force_incompatible=force,
-            no_color=no_color,
         )
+        request = ChatRequest(decode, no_color=no_color)
         code = run_chat(request)
     raise typer.Exit(code)
 

@@ -16,7 +16,8 @@ from .engine import GenerationStats, Piece, TokenKind
 
 
 def stderr_console(no_color: bool = False) -> Console:
-    return Console(stderr=True, no_color=no_color, highlight=False)
+    # None, not False, when colour is allowed: False would override the NO_COLOR variable.
+    return Console(stderr=True, no_color=no_color or None, highlight=False)
 
 
 class AnswerStream:

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 from . import render
-from .adaptive import build_drafter
 from .comparison import Comparison, compare_outputs
-from .engine import Finished, Generation, GenerationSettings, Piece
-from .sampling import SamplingSettings
+from .engine import Finished, Generation, Piece
 from .session import (
-    HardwareOptions,
+    DecodeRequest,
     ModelPair,
     check_prompt_fits,
-    load_pair,
-    pair_costs,
+    open_models,
     prompt_tokens,
 )
 
@@ -26,58 +22,27 @@ EXIT_INTERRUPTED = 130
 
 @dataclass(frozen=True)
 class RunRequest:
+    decode: DecodeRequest
     prompt: str
-    target: Path
-    draft: Path | None
-    drafter_mode: str  # see adaptive.build_drafter; "none" for the target alone
-    system: str | None
-    raw: bool
-    sampling: SamplingSettings
-    seed: int | None
-    max_tokens: int
-    stop: tuple[str, ...]
-    draft_max: int
-    hardware: HardwareOptions
-    force_incompatible: bool
-    verify: bool
-
-    def generation_settings(self) -> GenerationSettings:
-        return GenerationSettings(
-            max_tokens=self.max_tokens,
-            draft_max=self.draft_max,
-            stop=self.stop,
-            sampling=self.sampling,
-            seed=self.seed,
-        )
+    raw: bool = False
+    verify: bool = False
 
     def settings_record(self) -> dict:
-        return {
-            "target": str(self.target),
-            "draft": None if self.draft is None else str(self.draft),
-            "sampling": asdict(self.sampling),
-            "seed": self.seed,
-            "max_tokens": self.max_tokens,
-            "stop": list(self.stop),
-            "draft_max": self.draft_max,
-            "drafter": self.drafter_mode,
-            "raw": self.raw,
-            "system": self.system,
-            "hardware": asdict(self.hardware),
-        }
+        return {**self.decode.record(), "raw": self.raw}
 
 
 def run_once(request: RunRequest, *, json_output: bool) -> int:
     err = render.stderr_console()
     show_progress = err.is_terminal and not json_output
     with err.status("loading models…", spinner="dots") if show_progress else _nothing():
-        pair = load_pair(
-            request.target, request.draft, request.hardware, request.force_incompatible
-        )
-    prompt = prompt_tokens(pair.target, request.prompt, system=request.system, raw=request.raw)
+        pair, drafter = open_models(request.decode)
+    prompt = prompt_tokens(
+        pair.target, request.prompt, system=request.decode.system, raw=request.raw
+    )
     check_prompt_fits(prompt, pair.target.n_ctx)
 
     generation = Generation(
-        pair.target, prompt, request.generation_settings(), drafter=_drafter(pair, request)
+        pair.target, prompt, request.decode.generation_settings(), drafter=drafter
     )
     answer = None if json_output else render.AnswerStream(sys.stdout)
     finished, interrupted = _consume(generation, answer)
@@ -101,13 +66,6 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def _drafter(pair: ModelPair, request: RunRequest):
-    if request.drafter_mode == "none":
-        return None
-    costs = pair_costs(pair, request.hardware)
-    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
-
-
 def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:
     """Run to the end, streaming pieces; Ctrl-C keeps what was produced."""
     try:
@@ -124,7 +82,8 @@ def _consume(generation: Generation, answer: render.AnswerStream | None) -> tupl
 def _verify(
     pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished
 ) -> tuple[Comparison, Finished]:
-    plain_generation = Generation(pair.target, prompt, request.generation_settings(), drafter=None)
+    settings = request.decode.generation_settings()
+    plain_generation = Generation(pair.target, prompt, settings, drafter=None)
     plain, _ = _consume(plain_generation, None)
     return compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain
 

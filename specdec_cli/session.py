@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .adaptive import CostModel
+from .adaptive import CostModel, build_drafter
 from .backend import Backend
 from .compat import check_compatible
+from .drafters import Drafter
+from .engine import GenerationSettings
 from .errors import ContextOverflowError
+from .sampling import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,46 @@ class HardwareOptions:
     gpu_layers: int = 0
     draft_gpu_layers: int = 0
     verbose: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """What `run` and `chat` share: which models, how to draft, how to sample."""
+
+    target: Path
+    draft: Path | None
+    drafter_mode: str  # see adaptive.build_drafter; "none" for the target alone
+    system: str | None
+    sampling: SamplingSettings
+    seed: int | None
+    max_tokens: int
+    stop: tuple[str, ...]
+    draft_max: int
+    hardware: HardwareOptions
+    force_incompatible: bool = False
+
+    def generation_settings(self) -> GenerationSettings:
+        return GenerationSettings(
+            max_tokens=self.max_tokens,
+            draft_max=self.draft_max,
+            stop=self.stop,
+            sampling=self.sampling,
+            seed=self.seed,
+        )
+
+    def record(self) -> dict:
+        return {
+            "target": str(self.target),
+            "draft": None if self.draft is None else str(self.draft),
+            "drafter": self.drafter_mode,
+            "sampling": asdict(self.sampling),
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "draft_max": self.draft_max,
+            "system": self.system,
+            "hardware": asdict(self.hardware),
+        }
 
 
 @dataclass
@@ -56,6 +99,15 @@ def load_pair(
     if draft_path is None:
         return ModelPair(target, None)
     return ModelPair(target, load_drafter(target, draft_path, hardware, force_incompatible))
+
+
+def open_models(request: DecodeRequest) -> tuple[ModelPair, Drafter | None]:
+    """Load the pair and build the drafter its mode asks for."""
+    pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+    if request.drafter_mode == "none":
+        return pair, None
+    costs = pair_costs(pair, request.hardware)
+    return pair, build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
 
 
 def load_drafter(
