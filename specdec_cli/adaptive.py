@@ -38,12 +38,16 @@ class CostModel:
     verify_seconds: dict[int, float]
     draft_step: float
     learn: bool = True  # refine from each round's timings
+    # What a round costs beyond the decode measured at start (Python, a busier machine),
+    # learned from every round. One shift for all sizes: most rounds verify one token, and
+    # learning the one-token cost alone would make longer drafts look cheaper than they are.
+    overhead: float = 0.0
     _dense: np.ndarray | None = field(default=None, init=False, repr=False)
 
     def verify(self, n_tokens: int) -> float:
         if self._dense is None or n_tokens > len(self._dense):
             self._dense = self._interpolate(max(n_tokens, 64))
-        return float(self._dense[n_tokens - 1])
+        return max(1e-6, float(self._dense[n_tokens - 1]) + self.overhead)
 
     def _interpolate(self, up_to: int) -> np.ndarray:
         sizes = sorted(self.verify_seconds)
@@ -57,11 +61,8 @@ class CostModel:
         return dense
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        if not self.learn:
-            return
-        current = self.verify_seconds.get(n_tokens, self.verify(n_tokens))
-        self.verify_seconds[n_tokens] = current + SMOOTHING * (seconds - current)
-        self._dense = None
+        if self.learn:
+            self.overhead += SMOOTHING * (seconds - self.verify(n_tokens))
 
     def observe_draft_step(self, seconds: float) -> None:
         if self.learn:
@@ -73,6 +74,7 @@ class CostModel:
                 str(n): round(1000 * s, 2) for n, s in sorted(self.verify_seconds.items())
             },
             "draft_step_ms": round(1000 * self.draft_step, 2),
+            "overhead_ms": round(1000 * self.overhead, 2),
         }
 
 
@@ -135,8 +137,9 @@ class Rate:
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 # How often an n-gram's continuation starts right, by match length 1, 2, 3, 4, 5+: long
-# matches are copies in progress. Measured on edits and summaries; learned further per answer.
-NGRAM_FIRST_PRIORS = (0.25, 0.6, 0.8, 0.8, 0.85)
+# matches are copies in progress. Cautious, since each wrong guess costs a verification:
+# edits reach these rates and more, prose and fresh code far less. Learned per answer.
+NGRAM_FIRST_PRIORS = (0.2, 0.4, 0.6, 0.7, 0.75)
 
 
 @dataclass
@@ -188,8 +191,8 @@ class ProbeSchedule:
     """A kind of draft that does not pay is still tried now and then, to notice when the
     text becomes predictable; each fruitless try doubles the wait."""
 
-    first: int = 16
-    longest: int = 256
+    first: int = 32
+    longest: int = 512
     interval: int = field(init=False)
     waited: int = field(default=0, init=False)
 
@@ -212,6 +215,7 @@ class ProbeSchedule:
 # An n-gram draft tried while n-gram drafts do not pay: short, since on CPU each extra
 # token verified costs about 60% of a target step when it is wrong.
 PROBE_TOKENS = 2
+MIN_PROBE_MATCH = 3  # shorter matches are mostly chance, in prose and code alike
 
 
 @dataclass
@@ -241,7 +245,7 @@ class AdaptiveDrafter:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
                 self.ngram_probes.paid()
                 return ngram_draft(candidates[:k], match_length)
-            if match_length >= 2 and self.ngram_probes.due():
+            if match_length >= MIN_PROBE_MATCH and self.ngram_probes.due():
                 self.ngram_probes.probed()
                 return ngram_draft(candidates[:PROBE_TOKENS], match_length)
             self.ngram_probes.skipped()

@@ -271,7 +271,7 @@ def configurations(
         drafts = [None, *extra_drafts] if mode in NEEDS_DRAFT_MODEL else [None]
         for draft in drafts:
             for k in dict.fromkeys(draft_max or [default_draft_max(mode)]):
-                label = f"{mode} k={k}" + (f" [{draft}]" if draft else "")
+                label = f"{mode} k={k}" + (f" ({draft})" if draft else "")
                 found.append(Configuration(label, mode, k, draft))
     return found
 

@@ -374,8 +374,8 @@ def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, m
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     labels = [c["label"] for c in report["settings"]["configurations"]]
-    assert labels == ["fixed k=8", "fixed k=8 [unrelated_drafter]", "ngram k=32"]
+    assert labels == ["fixed k=8", "fixed k=8 (unrelated_drafter)", "ngram k=32"]
     assert set(report["models"]) == {"target", "draft", "draft:unrelated_drafter"}
     by_label = {row["configuration"]: row for row in report["summary"]["configurations"]}
-    close, unrelated = by_label["fixed k=8"], by_label["fixed k=8 [unrelated_drafter]"]
+    close, unrelated = by_label["fixed k=8"], by_label["fixed k=8 (unrelated_drafter)"]
     assert close["speculative"]["acceptance"] > unrelated["speculative"]["acceptance"]
