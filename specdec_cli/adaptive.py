@@ -215,7 +215,10 @@ class ProbeSchedule:
 # An n-gram draft tried while n-gram drafts do not pay: short, since on CPU each extra
 # token verified costs about 60% of a target step when it is wrong.
 PROBE_TOKENS = 2
-MIN_PROBE_MATCH = 3  # shorter matches are mostly chance, in prose and code alike
+MIN_PROBE_MATCH = 3
+# A batch of tokens decoded to catch the drafter up costs about this fraction of as many
+# single steps (llama.cpp batches them into one decode).
+CATCH_UP_COST = 0.4  # shorter matches are mostly chance, in prose and code alike
 
 
 @dataclass
@@ -239,7 +242,8 @@ class AdaptiveDrafter:
         rng: np.random.Generator,
     ) -> Draft:
         plain_rate = 1.0 / self.costs.verify(1)
-        model_rate = self._model_rate(max_tokens, *self._model_acceptance())
+        catch_up = self._catch_up_seconds(context)
+        model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
         candidates, match_length, k, ngram_rate = self._ngram_plan(context, max_tokens)
         if candidates:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
@@ -255,7 +259,9 @@ class AdaptiveDrafter:
             self.model_probes.paid()
             return self._model_draft(context, max_tokens, sampling, rng)
         # A probe only if a model draft could pay at all, were the drafter always right.
-        if self._model_rate(max_tokens, 0.95, 0.95) > plain_rate and self.model_probes.due():
+        if self._model_rate(max_tokens, 0.95, 0.95, catch_up) > plain_rate and (
+            self.model_probes.due()
+        ):
             self.model_probes.probed()
             return self._model_draft(context, max_tokens, sampling, rng, at_least=1)
         self.model_probes.skipped()
@@ -273,11 +279,13 @@ class AdaptiveDrafter:
 
     # -- planning --------------------------------------------------------------------------
 
-    def _best_length(self, first: float, following: float, max_tokens: int, step: float):
+    def _best_length(
+        self, first: float, following: float, max_tokens: int, step: float, setup: float = 0.0
+    ):
         """The draft length with the most expected tokens per second, and that rate."""
         best_k, best_rate = 0, 1.0 / self.costs.verify(1)
         for k in range(1, max_tokens + 1):
-            seconds = k * step + self.costs.verify(k + 1)
+            seconds = setup + k * step + self.costs.verify(k + 1)
             rate = expected_tokens(first, following, k) / seconds
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -299,10 +307,21 @@ class AdaptiveDrafter:
     def _model_acceptance(self) -> tuple[float, float]:
         return self.acceptance.model_first.value, self.acceptance.by_confidence[-2].value
 
-    def _model_rate(self, max_tokens: int, first: float, following: float) -> float:
+    def _model_rate(
+        self, max_tokens: int, first: float, following: float, catch_up: float
+    ) -> float:
         if self.model is None:
             return 0.0
-        return self._best_length(first, following, max_tokens, self.costs.draft_step)[1]
+        step = self.costs.draft_step
+        return self._best_length(first, following, max_tokens, step, catch_up)[1]
+
+    def _catch_up_seconds(self, context: Sequence[int]) -> float:
+        """What bringing the drafter's cache up to the text would cost before it can draft:
+        after rounds without model drafts it is behind by every token since."""
+        if self.model is None:
+            return 0.0
+        behind = len(context) - 1 - len(self.model.backend.cached)
+        return max(0, behind) * self.costs.draft_step * CATCH_UP_COST
 
     def _model_draft(
         self,

@@ -185,7 +185,9 @@ def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
         "output",
     ]:
         if name != "config" or sweep:
-            table.add_column(name, justify="left" if name in _LEFT else "right")
+            table.add_column(
+                name, justify="left" if name in _LEFT else "right", no_wrap=name == "config"
+            )
     category = None
     for row in report.prompt_rows():
         if row.category != category and category is not None:
@@ -221,7 +223,9 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
         "identical",
     ]:
         if name != "config" or sweep:
-            table.add_column(name, justify="left" if name in _LEFT else "right")
+            table.add_column(
+                name, justify="left" if name in _LEFT else "right", no_wrap=name == "config"
+            )
     for row in report.category_rows() + report.suite_rows():
         if row.scope == "suite" and (row.configuration == report.configurations[0].label):
             table.add_section()
