@@ -158,14 +158,6 @@ def resolve_models(
     return resolved.path, picked.path
 
 
-def resolve_model(spec: str | None, role: str) -> Path:
-    if spec is None:
-        raise BadUsageError(f"no {role} model given.", f"Pass --{role} NAME_OR_PATH.")
-    from . import fetch, render_fetch
-
-    return fetch.resolve_model(spec, progress=render_fetch.RichFetchProgress()).path
-
-
 @app.command()
 def run(
     prompt: Annotated[

@@ -173,21 +173,21 @@ def print_report(console: Console, report: bench.BenchReport) -> None:
 
 def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
     table = _table("Per prompt (tok/s and time to first token: medians over repeats)")
-    for name in [
-        "prompt",
-        "config",
-        "tok/s alone→spec",
-        "speedup (95% CI)",
-        "accept",
-        "drafted/acc",
-        "tok/pass",
-        "TTFT alone/spec",
-        "output",
-    ]:
-        if name != "config" or sweep:
-            table.add_column(
-                name, justify="left" if name in _LEFT else "right", no_wrap=name == "config"
-            )
+    _add_columns(
+        table,
+        [
+            "prompt",
+            "config",
+            "tok/s alone→spec",
+            "speedup (95% CI)",
+            "accept",
+            "drafted/acc",
+            "tok/pass",
+            "TTFT alone/spec",
+            "output",
+        ],
+        sweep,
+    )
     category = None
     for row in report.prompt_rows():
         if row.category != category and category is not None:
@@ -212,20 +212,20 @@ def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
 def category_table(report: bench.BenchReport, sweep: bool) -> Table:
     best = bench.BenchReport.best(report.category_rows()) if sweep else {}
     table = _table("Per category (speedup: geometric mean of the per-prompt medians)")
-    for name in [
-        "category",
-        "config",
-        "tok/s alone→spec",
-        "speedup (95% CI)",
-        "accept",
-        "tok/pass",
-        "time draft/verify/other",
-        "identical",
-    ]:
-        if name != "config" or sweep:
-            table.add_column(
-                name, justify="left" if name in _LEFT else "right", no_wrap=name == "config"
-            )
+    _add_columns(
+        table,
+        [
+            "category",
+            "config",
+            "tok/s alone→spec",
+            "speedup (95% CI)",
+            "accept",
+            "tok/pass",
+            "time draft/verify/other",
+            "identical",
+        ],
+        sweep,
+    )
     for row in report.category_rows() + report.suite_rows():
         if row.scope == "suite" and (row.configuration == report.configurations[0].label):
             table.add_section()
@@ -245,6 +245,15 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
 
 
 _LEFT = ("prompt", "category", "config", "output")
+
+
+def _add_columns(table: Table, names: list[str], sweep: bool) -> None:
+    """The config column only when several configurations are compared; it never wraps."""
+    for name in names:
+        if name != "config" or sweep:
+            table.add_column(
+                name, justify="left" if name in _LEFT else "right", no_wrap=name == "config"
+            )
 
 
 def _table(title: str) -> Table:
