@@ -2,28 +2,29 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+LLAMA_CPP_VERSION ?= 0.3.36
+LLAMA_PATCHES := $(wildcard patches/llama.cpp/*.patch)
 STAMP := $(VENV)/.specdec-installed
 
 .PHONY: install test test-fast lint bench rebuild-llama clean
 
 install: $(STAMP)
 
-# llama-cpp-python compiles llama.cpp from source; build_flags.py picks CMake flags that are
-# safe for this CPU (never AMX) unless SPECDEC_CMAKE_ARGS or CMAKE_ARGS says otherwise.
-$(STAMP): pyproject.toml specdec_cli/build_flags.py
+# llama-cpp-python compiles llama.cpp from source: scripts/build-llama-cpp-python.sh fetches the
+# pinned sdist, applies patches/llama.cpp/*.patch (batch-invariant kernels: exact mode) and
+# builds with CMake flags from build_flags.py that are safe for this CPU (never AMX), unless
+# SPECDEC_CMAKE_ARGS or CMAKE_ARGS says otherwise.
+$(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh $(LLAMA_PATCHES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$$($(PY) specdec_cli/build_flags.py)" FORCE_CMAKE=1 \
-		$(PY) -m pip install "$(LLAMA_CPP_PYTHON)"
+	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
 	$(PY) -m pip install --quiet -e ".[test]"
-	$(PY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'ready')"
+	$(PY) -c "from specdec_cli import llama_backend as b; assert b.has_invariant_kernels(), 'llama.cpp built without specdec patches'; print('llama-cpp-python', b.library_version(), 'ready, batch-invariant kernels: yes')"
 	touch $(STAMP)
 
 # Rebuild llama.cpp after changing flags (e.g. SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on").
 rebuild-llama: install
-	CMAKE_ARGS="$$($(PY) specdec_cli/build_flags.py)" FORCE_CMAKE=1 \
-		$(PY) -m pip install --force-reinstall --no-deps --no-cache-dir "$(LLAMA_CPP_PYTHON)"
+	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
 
 test: install
 	$(PY) -m pytest -ra

@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import Backend
 from .drafters import Draft, DraftBuilder, ModelDrafter, NgramDrafter, Outcome, ngram_draft
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, TokenChooser
 
 SMOOTHING = 0.1  # weight of the newest cost sample in the running averages
 
@@ -239,7 +239,7 @@ class AdaptiveDrafter:
         context: Sequence[int],
         max_tokens: int,
         sampling: SamplingSettings,
-        rng: np.random.Generator,
+        chooser: TokenChooser,
     ) -> Draft:
         plain_rate = 1.0 / self.costs.verify(1)
         catch_up = self._catch_up_seconds(context)
@@ -257,13 +257,13 @@ class AdaptiveDrafter:
             return Draft.empty()
         if model_rate > plain_rate * self.margin:
             self.model_probes.paid()
-            return self._model_draft(context, max_tokens, sampling, rng)
+            return self._model_draft(context, max_tokens, sampling, chooser)
         # A probe only if a model draft could pay at all, were the drafter always right.
         if self._model_rate(max_tokens, 0.95, 0.95, catch_up) > plain_rate and (
             self.model_probes.due()
         ):
             self.model_probes.probed()
-            return self._model_draft(context, max_tokens, sampling, rng, at_least=1)
+            return self._model_draft(context, max_tokens, sampling, chooser, at_least=1)
         self.model_probes.skipped()
         return Draft.empty()
 
@@ -328,7 +328,7 @@ class AdaptiveDrafter:
         context: Sequence[int],
         max_tokens: int,
         sampling: SamplingSettings,
-        rng: np.random.Generator,
+        chooser: TokenChooser,
         at_least: int = 0,
     ) -> Draft:
         draft = DraftBuilder("model")
@@ -342,7 +342,7 @@ class AdaptiveDrafter:
             with_it = (expected + keep) / (spent + self.costs.verify(k + 2))
             if k >= at_least and with_it <= expected / (spent + self.costs.verify(k + 1)):
                 break
-            token = draft.add(dist, sure, sampling, rng)
+            token = draft.add(dist, sure, chooser, position=len(sequence))
             survive, expected = keep, expected + keep
             sequence.append(token)
             if self.model.backend.is_end_of_generation(token):

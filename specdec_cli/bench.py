@@ -37,7 +37,14 @@ from .adaptive import (
 from .backend import Backend
 from .comparison import Comparison, compare_outputs
 from .drafters import Drafter
-from .engine import Finished, Generation, GenerationSettings, GenerationStats, Piece
+from .engine import (
+    Finished,
+    Generation,
+    GenerationSettings,
+    GenerationStats,
+    Piece,
+    SamplingRule,
+)
 from .errors import BadUsageError, SpecdecError
 from .sampling import SamplingSettings
 from .session import (
@@ -50,7 +57,8 @@ from .session import (
 )
 
 SCHEMA = "specdec.bench/1"
-TARGET_ALONE = "target alone"
+TARGET_ALONE = "target alone"  # always llama.cpp's default kernels: the speed to beat
+EXACT_ALONE = "target alone, exact"  # batch-invariant kernels: the answer exact mode keeps
 DEFAULT_MAX_TOKENS = 128
 BUILTIN_SUITE = Path(__file__).parent / "prompts" / "suite.yaml"
 BOOTSTRAP_DRAWS = 2000
@@ -259,14 +267,16 @@ def configurations(
     draft_max: Sequence[int] | None,
     modes: Sequence[str] = ("combined",),
     extra_drafts: Sequence[str] = (),
+    exact: bool = False,
 ) -> list[Configuration]:
     """Every mode at every draft length, in that order (a --draft-max sweep is one axis);
     without lengths, each mode at its default. Modes that use a draft model run once more
-    with each extra drafter."""
+    with each extra drafter. Exact benches first run the target alone with the exact
+    kernels: what exactness costs, and the answer every exact configuration must give."""
     for mode in modes:
         if mode not in DRAFTER_MODES:
             raise BadUsageError(f"unknown drafter '{mode}'.", f"Use one of {DRAFTER_MODES}.")
-    found = []
+    found = [Configuration(EXACT_ALONE, "none", 1)] if exact else []
     for mode in modes:
         drafts = [None, *extra_drafts] if mode in NEEDS_DRAFT_MODEL else [None]
         for draft in drafts:
@@ -276,9 +286,11 @@ def configurations(
     return found
 
 
-def make_drafter(configuration: Configuration, pair: ModelPair) -> Drafter:
+def make_drafter(configuration: Configuration, pair: ModelPair) -> Drafter | None:
     """The one place a configuration becomes a drafter (fresh per run: drafters learn as they
     go). The pair's costs, measured once per bench, spare each run its own timing probe."""
+    if configuration.drafter == "none":
+        return None
     drafter, costs = pair.drafter, pair.costs
     if configuration.draft_model is not None:
         drafter, costs = pair.alternates[configuration.draft_model]
@@ -465,17 +477,19 @@ def _round(value: float | None, digits: int) -> float | None:
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """Is the configuration's output the target's own? (greedy runs)"""
+    """Is the configuration's output the target's own? (greedy or invariant-rule runs)"""
 
-    comparison: Comparison  # first repeat against the target alone's first repeat
+    comparison: Comparison  # first repeat against the reference's first repeat
     identical_repeats: int
     repeats: int
+    reference: str = TARGET_ALONE  # whose answer it must be: the target alone, same kernels
 
     def as_dict(self) -> dict:
         return {
             **self.comparison.as_dict(),
             "identical_repeats": self.identical_repeats,
             "repeats_compared": self.repeats,
+            "reference": self.reference,
         }
 
 
@@ -728,6 +742,7 @@ class BenchRequest:
     system: str | None = None
     hardware: HardwareOptions = field(default_factory=HardwareOptions)
     force_incompatible: bool = False
+    rule: SamplingRule = SamplingRule.INVARIANT
 
     def max_tokens_for(self, prompt: BenchPrompt) -> int:
         return min(prompt.max_tokens, self.max_tokens or prompt.max_tokens)
@@ -745,6 +760,7 @@ class BenchRequest:
             "max_tokens": self.max_tokens,
             "sampling": asdict(self.sampling),
             "seed": self.seed,
+            "rule": self.rule.value,
             "raw": self.raw,
             "system": self.system,
             "hardware": asdict(self.hardware),
@@ -829,10 +845,12 @@ def _warm_up(pair: ModelPair, request: BenchRequest, progress: BenchProgress) ->
         max_tokens=min(request.warmup_tokens, request.max_tokens_for(prompt)),
         sampling=request.sampling,
         seed=request.seed,
+        rule=request.rule,
     )
     for label, configuration in _sides(request):
         progress.stage(f"warming up · {label}")
-        _generate(pair, tokens, base, configuration, NoProgress())
+        exact = configuration is not None and request.hardware.exact
+        _generate(pair, tokens, base, configuration, NoProgress(), exact)
 
 
 def _measure_prompt(
@@ -848,10 +866,13 @@ def _measure_prompt(
     budget = request.max_tokens_for(prompt)
     for repeat in range(request.repeats):
         seed = request.seed + repeat  # both sides of a repeat sample with the same seed
-        base = GenerationSettings(max_tokens=budget, sampling=request.sampling, seed=seed)
+        base = GenerationSettings(
+            max_tokens=budget, sampling=request.sampling, seed=seed, rule=request.rule
+        )
         for label, configuration in _sides(request):
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
-            finished = _generate(pair, tokens, base, configuration, progress)
+            exact = configuration is not None and request.hardware.exact
+            finished = _generate(pair, tokens, base, configuration, progress, exact)
             report.runs.append(
                 RunRecord(
                     prompt.id,
@@ -865,11 +886,19 @@ def _measure_prompt(
                     finished.stats,
                 )
             )
-    if request.sampling.greedy:
+    if request.sampling.greedy or request.rule == SamplingRule.INVARIANT:
         for configuration in request.configurations:
+            reference = _reference(request, configuration)
             report.checks[(prompt.id, configuration.label)] = _check(
-                pair.target, tokens, report, prompt.id, configuration.label
+                pair.target, tokens, report, prompt.id, configuration.label, reference
             )
+
+
+def _reference(request: BenchRequest, configuration: Configuration) -> str:
+    """Whose answer a configuration must give: the target alone with the same kernels."""
+    labels = {c.label for c in request.configurations}
+    exact = request.hardware.exact and EXACT_ALONE in labels
+    return EXACT_ALONE if exact and configuration.label != EXACT_ALONE else TARGET_ALONE
 
 
 def _generate(
@@ -878,10 +907,12 @@ def _generate(
     base: GenerationSettings,
     configuration: Configuration | None,
     progress: BenchProgress,
+    exact: bool,
 ) -> Finished:
     """One timed run from an empty cache. The target alone is Generation with no drafter:
     one token per decode, exactly what `specdec run --no-draft` does."""
     pair.reset()
+    pair.target.exact = exact
     if configuration is None:
         generation = Generation(pair.target, prompt, base, drafter=None)
     else:
@@ -899,14 +930,19 @@ def _generate(
 
 
 def _check(
-    target: Backend, prompt: list[int], report: BenchReport, prompt_id: str, label: str
+    target: Backend,
+    prompt: list[int],
+    report: BenchReport,
+    prompt_id: str,
+    label: str,
+    reference: str = TARGET_ALONE,
 ) -> OutputCheck:
-    alone, spec = report.by_repeat(prompt_id, TARGET_ALONE), report.by_repeat(prompt_id, label)
+    alone, spec = report.by_repeat(prompt_id, reference), report.by_repeat(prompt_id, label)
     shared = sorted(set(alone) & set(spec))
     first = shared[0]
     comparison = compare_outputs(target, prompt, spec[first].tokens, alone[first].tokens)
     identical = sum(1 for r in shared if spec[r].tokens == alone[r].tokens)
-    return OutputCheck(comparison, identical, len(shared))
+    return OutputCheck(comparison, identical, len(shared), reference)
 
 
 # --- the machine and the model files ------------------------------------------------------------

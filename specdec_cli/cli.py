@@ -74,6 +74,24 @@ DraftGpuLayersOpt = Annotated[
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Use a drafter even if its vocabulary differs.")
 ]
+ExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exact/--fast",
+        help="exact (default): the target checks drafts with batch-invariant kernels, so the "
+        "answer is byte for byte the target alone's; fast: llama.cpp's default kernels, "
+        "cheaper long verifications, answers may part from the target alone at near-ties.",
+    ),
+]
+RuleOpt = Annotated[
+    str,
+    typer.Option(
+        "--rule",
+        help="With --temp > 0: invariant (default) gives the same answer for a seed with or "
+        "without a drafter; classic (rejection sampling) keeps more drafts, exact only in "
+        "distribution.",
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
 DrafterModeOpt = Annotated[
     str,
@@ -122,6 +140,16 @@ def default_draft_max(mode: str) -> int:
     from .adaptive import default_draft_max as for_mode
 
     return for_mode(mode)
+
+
+def check_rule(rule: str):
+    from .engine import SamplingRule
+
+    try:
+        return SamplingRule(rule)
+    except ValueError:
+        choices = ", ".join(r.value for r in SamplingRule)
+        raise BadUsageError(f"unknown --rule {rule!r}.", f"Use one of: {choices}.") from None
 
 
 def check_drafter_mode(mode: str) -> str:
@@ -184,6 +212,8 @@ def run(
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
+    exact: ExactOpt = True,
+    rule: RuleOpt = "invariant",
     verify: Annotated[
         bool, typer.Option("--verify", help="Also run the target alone and compare the outputs.")
     ] = False,
@@ -209,8 +239,11 @@ def run(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
             draft_max=draft_max or default_draft_max(mode),
-            hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
+            hardware=HardwareOptions(
+                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
+            ),
             force_incompatible=force,
+            rule=check_rule(rule),
         )
         request = RunRequest(decode, prompt=text, raw=raw, verify=verify)
         code = run_once(request, json_output=json_output)
@@ -300,6 +333,8 @@ def chat(
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
+    exact: ExactOpt = True,
+    rule: RuleOpt = "invariant",
     no_color: Annotated[
         bool, typer.Option("--no-color", help="No colours (the NO_COLOR variable does the same).")
     ] = False,
@@ -326,8 +361,11 @@ def chat(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
             draft_max=draft_max or default_draft_max(mode),
-            hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
+            hardware=HardwareOptions(
+                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
+            ),
             force_incompatible=force,
+            rule=check_rule(rule),
         )
         request = ChatRequest(decode, no_color=no_color)
         code = run_chat(request)
@@ -380,6 +418,8 @@ def bench(
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
+    exact: ExactOpt = True,
+    rule: RuleOpt = "invariant",
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Write every number to this file ('-': stdout).")
     ] = None,
@@ -416,6 +456,7 @@ def bench(
                 bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None,
                 modes,
                 [Path(name).stem if name.endswith(".gguf") else name for name in extra_drafts],
+                exact=exact,
             ),
             prompts_source=str(prompts) if prompts else "built-in suite",
             repeats=repeats,
@@ -425,8 +466,11 @@ def bench(
             seed=seed,
             raw=raw,
             system=system,
-            hardware=HardwareOptions(ctx_size, threads, gpu_layers, draft_gpu_layers, verbose),
+            hardware=HardwareOptions(
+                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
+            ),
             force_incompatible=force,
+            rule=check_rule(rule),
         )
         code = render_bench.run_and_report(
             request, json_path=json_file, markdown_path=markdown_file

@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from .backend import Backend, logits_for_suffix
-from .sampling import Distribution, SamplingSettings, distribution
+from .sampling import Distribution, SamplingSettings, TokenChooser, distribution
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Drafter(Protocol):
         context: Sequence[int],
         max_tokens: int,
         sampling: SamplingSettings,
-        rng: np.random.Generator,
+        chooser: TokenChooser,
     ) -> Draft: ...
 
     # Optionally: `observe(outcome: Outcome) -> None`, called after each verification.
@@ -85,7 +85,7 @@ class ModelDrafter:
         context: Sequence[int],
         max_tokens: int,
         sampling: SamplingSettings,
-        rng: np.random.Generator,
+        chooser: TokenChooser,
     ) -> Draft:
         draft = DraftBuilder("model")
         sequence = list(context)
@@ -95,7 +95,7 @@ class ModelDrafter:
             # drafts the exact rule sees, and answers would no longer follow the target.
             if sure < self.min_confidence:
                 break
-            token = draft.add(dist, sure, sampling, rng)
+            token = draft.add(dist, sure, chooser, position=len(sequence))
             sequence.append(token)
             if self.backend.is_end_of_generation(token):
                 break
@@ -114,10 +114,8 @@ class DraftBuilder:
         self.dists: list[Distribution] = []
         self.confidences: list[float] = []
 
-    def add(
-        self, dist: Distribution, sure: float, sampling: SamplingSettings, rng: np.random.Generator
-    ) -> int:
-        token = int(dist.ids[0]) if sampling.greedy else dist.sample(rng)
+    def add(self, dist: Distribution, sure: float, chooser: TokenChooser, position: int) -> int:
+        token = chooser.pick(dist, position)
         self.tokens.append(token)
         self.dists.append(dist)
         self.confidences.append(sure)
@@ -196,7 +194,7 @@ class NgramDrafter:
         context: Sequence[int],
         max_tokens: int,
         sampling: SamplingSettings,
-        rng: np.random.Generator,
+        chooser: TokenChooser,
     ) -> Draft:
         tokens, n = self.candidates(context, max_tokens)
         return ngram_draft(tokens, n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -15,10 +16,14 @@ from .backend import Backend, logits_for_suffix
 from .drafters import Draft, Drafter, Outcome
 from .sampling import (
     AcceptanceRule,
+    GumbelChooser,
+    RandomChooser,
     SamplingSettings,
+    TokenChooser,
     Verdict,
     distribution,
     greedy_accept,
+    invariant_accept,
     speculative_accept,
 )
 
@@ -30,6 +35,19 @@ class TokenKind(str, Enum):
     BONUS = "bonus"  # the target's extra token after a fully accepted draft
 
 
+class SamplingRule(str, Enum):
+    """How sampled drafts are verified (greedy decoding needs no rule: the argmax decides).
+
+    INVARIANT: every token is chosen by Gumbel-max with noise keyed by (seed, position),
+    for the target alone and the drafters alike, and a draft token is kept when it is the
+    target's own choice: the same seed gives the same answer with or without a drafter.
+    CLASSIC: Leviathan/Chen rejection sampling: keeps more drafts, exact in distribution,
+    but the answer for a seed depends on what was drafted."""
+
+    INVARIANT = "invariant"
+    CLASSIC = "classic"
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     max_tokens: int = 256
@@ -37,6 +55,7 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     seed: int | None = None
+    rule: SamplingRule = SamplingRule.INVARIANT
 
 
 @dataclass(frozen=True)
@@ -162,6 +181,16 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
+def _fresh_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def _chooser(rule: SamplingRule, seed: int) -> TokenChooser:
+    if rule == SamplingRule.INVARIANT:
+        return GumbelChooser(seed)
+    return RandomChooser(np.random.default_rng(seed))
+
+
 class _LazyDistributions(Sequence):
     """Target distributions per verified row, computed only for rows the rule reaches."""
 
@@ -196,7 +225,8 @@ class Generation:
         self.prompt = list(prompt)
         self.tokens: list[int] = []
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
-        self._rng = np.random.default_rng(settings.seed)
+        self.seed = settings.seed if settings.seed is not None else _fresh_seed()
+        self._chooser = _chooser(settings.rule, self.seed)
         self._text = _TextAssembler(settings.stop)
         self._n_ctx = target.n_ctx
         self._started: float | None = None
@@ -249,11 +279,13 @@ class Generation:
 
     def _draft(self, max_len: int) -> tuple[Draft, float]:
         k = min(self.settings.draft_max, max_len)
-        if self.drafter is None or k <= 0:
+        # The first round decodes the prompt alone, as the target alone does: a prompt
+        # decoded in one batch with drafts could be computed with other kernels.
+        if self.drafter is None or k <= 0 or self.stats.target_passes == 0:
             return Draft.empty(), 0.0
         began = time.perf_counter()
         draft = self.drafter.propose(
-            self.prompt + self.tokens, k, self.settings.sampling, self._rng
+            self.prompt + self.tokens, k, self.settings.sampling, self._chooser
         )
         return draft, time.perf_counter() - began
 
@@ -264,11 +296,14 @@ class Generation:
             self.target, self.prompt + self.tokens + draft.tokens, len(draft.tokens) + 1
         )
         sampling = self.settings.sampling
+        targets = _LazyDistributions(rows, sampling)
         if sampling.greedy:
             verdict = greedy_accept(draft.tokens, rows)
+        elif isinstance(self._chooser, GumbelChooser):
+            position = len(self.prompt) + len(self.tokens)
+            verdict = invariant_accept(draft.tokens, targets, self._chooser, position)
         else:
-            targets = _LazyDistributions(rows, sampling)
-            verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
+            verdict = self.acceptance(draft.tokens, draft.dists, targets, self._chooser.rng)
         return verdict, time.perf_counter() - began
 
     @staticmethod

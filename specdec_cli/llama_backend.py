@@ -48,6 +48,30 @@ set_verbose(False)
 llama_cpp.llama_backend_init()
 
 
+# Batches of at most this many tokens are decoded with batch-invariant kernels by an exact
+# backend: more than any verification batch (draft limit + 1), fewer than a prompt chunk
+# worth the fast kernels. See patches/llama.cpp/ and "What identical means" in README.md.
+EXACT_BATCH_ROWS = 64
+
+
+def _invariance_switch():
+    """ggml_cpu_set_invariant_rows from specdec's llama.cpp patch, or None in a build without
+    it. Looked up through libllama, which loads the CPU backend as a dependency."""
+    try:
+        switch = llama_cpp.llama_cpp._lib.ggml_cpu_set_invariant_rows
+    except AttributeError:
+        return None
+    switch.argtypes, switch.restype = [ctypes.c_int], None
+    return switch
+
+
+_set_invariant_rows = _invariance_switch()
+
+
+def has_invariant_kernels() -> bool:
+    return _set_invariant_rows is not None
+
+
 def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
@@ -75,7 +99,17 @@ class LlamaBackend:
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
         n_batch: int = 512,
+        exact: bool = False,
     ) -> None:
+        """`exact`: decode small batches with batch-invariant kernels, so a token's logits do
+        not depend on how many tokens share its decode (needs specdec's llama.cpp patch)."""
+        if exact and _set_invariant_rows is None:
+            raise ModelFileError(
+                "this llama.cpp build has no batch-invariant kernels, so exact mode cannot "
+                "guarantee the target's own answer.",
+                "Run `make install` (it applies specdec's llama.cpp patch), or pass --fast.",
+            )
+        self.exact = exact
         self.path = Path(path)
         self._model = _load_model(self.path, n_gpu_layers)
         self._refuse_unrollbackable_memory()
@@ -156,9 +190,9 @@ class LlamaBackend:
                 "Raise --ctx-size or shorten the prompt.",
             )
         tokens = list(tokens)
-        # Chunks are cut from the end, so the rows asked for all fall in the last decode.
-        first = len(tokens) % self.n_batch or self.n_batch
-        bounds = [0, *range(first, len(tokens) + 1, self.n_batch)]
+        if _set_invariant_rows is not None:  # one process-wide switch: set it for each model
+            _set_invariant_rows(EXACT_BATCH_ROWS if self.exact else 0)
+        bounds = _chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
         for start, stop in zip(bounds, bounds[1:], strict=False):
             is_last = stop == len(tokens)
             self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
@@ -272,6 +306,18 @@ class LlamaBackend:
             "n_vocab": self.n_vocab,
             "n_ctx": self.n_ctx,
         }
+
+
+def _chunk_bounds(n_tokens: int, n_batch: int, n_last: int) -> list[int]:
+    """Cut a long input into chunks of at most n_batch, the last holding at least `n_last`
+    tokens (the rows whose logits are wanted). Equal chunks where they can be, so that no
+    chunk is so small that an exact backend would take its slower batch-invariant kernels."""
+    n_chunks = -(-n_tokens // n_batch)
+    bounds = [n_tokens * i // n_chunks for i in range(n_chunks + 1)]
+    if bounds[-1] - bounds[-2] >= n_last:
+        return bounds
+    first = n_tokens % n_batch or n_batch  # cut from the end: a full last chunk
+    return [0, *range(first, n_tokens + 1, n_batch)]
 
 
 def _load_model(path: Path, n_gpu_layers: int):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -115,6 +116,78 @@ def speculative_accept(
         if rng.random() * q >= p:  # reject with probability 1 - min(1, p/q)
             return Verdict(i, residual(target_dists[i], draft_dists[i]).sample(rng))
     return Verdict(len(draft), target_dists[len(draft)].sample(rng))
+
+
+# -- choosing a token: one interface for drafters, the verifier and the target alone -------
+
+
+class TokenChooser(Protocol):
+    def pick(self, dist: Distribution, position: int) -> int:
+        """The token to emit (or draft) at absolute `position` from `dist`."""
+        ...
+
+
+@dataclass
+class RandomChooser:
+    """Draws from the distribution with a seeded generator: the classic rule's drafts."""
+
+    rng: np.random.Generator
+
+    def pick(self, dist: Distribution, position: int) -> int:
+        return dist.sample(self.rng)
+
+
+@dataclass(frozen=True)
+class GumbelChooser:
+    """Gumbel-max with noise keyed by (seed, position, token): argmax(log p + g) is an exact
+    sample from p, and the target alone, the drafter and the verifier all see the same noise,
+    so the emitted token is a function of the seed and the prefix alone, whoever drafted
+    (drafter-invariant speculative decoding, Daliri, Musco and Suresh, 2024)."""
+
+    seed: int
+
+    def pick(self, dist: Distribution, position: int) -> int:
+        if len(dist.ids) == 1:
+            return int(dist.ids[0])
+        with np.errstate(divide="ignore"):
+            scores = np.log(dist.probs) + gumbel_noise(self.seed, position, dist.ids)
+        return int(dist.ids[int(np.argmax(scores))])
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    z = z + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def gumbel_noise(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """Standard Gumbel noise per token id: a counter-based generator (SplitMix64 of seed,
+    position and id), so any token's noise is computed alone, in any order, anywhere."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        key = _splitmix64(key ^ np.array([position], dtype=np.uint64))
+        bits = _splitmix64(key ^ np.asarray(ids, dtype=np.uint64))
+    uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+    return -np.log(-np.log(uniform))
+
+
+def invariant_accept(
+    draft: Sequence[int],
+    target_dists: Sequence[Distribution],
+    chooser: TokenChooser,
+    first_position: int,
+) -> Verdict:
+    """Keep a draft token exactly when it is the target's own choice at its position; the
+    first one that is not is replaced by that choice. The answer is the target alone's."""
+    for i, token in enumerate(draft):
+        choice = chooser.pick(target_dists[i], first_position + i)
+        if choice != token:
+            return Verdict(i, choice)
+    return Verdict(len(draft), chooser.pick(target_dists[len(draft)], first_position + len(draft)))
 
 
 def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> Verdict:

@@ -12,7 +12,7 @@ from .adaptive import CostModel, build_drafter
 from .backend import Backend
 from .compat import check_compatible
 from .drafters import Drafter
-from .engine import GenerationSettings
+from .engine import GenerationSettings, SamplingRule
 from .errors import ContextOverflowError
 from .sampling import SamplingSettings
 
@@ -24,6 +24,7 @@ class HardwareOptions:
     gpu_layers: int = 0
     draft_gpu_layers: int = 0
     verbose: bool = False
+    exact: bool = True  # the target decodes small batches with batch-invariant kernels
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class DecodeRequest:
     draft_max: int
     hardware: HardwareOptions
     force_incompatible: bool = False
+    rule: SamplingRule = SamplingRule.INVARIANT
 
     def generation_settings(self) -> GenerationSettings:
         return GenerationSettings(
@@ -49,6 +51,7 @@ class DecodeRequest:
             stop=self.stop,
             sampling=self.sampling,
             seed=self.seed,
+            rule=self.rule,
         )
 
     def record(self) -> dict:
@@ -61,6 +64,7 @@ class DecodeRequest:
             "max_tokens": self.max_tokens,
             "stop": list(self.stop),
             "draft_max": self.draft_max,
+            "rule": self.rule.value,
             "system": self.system,
             "hardware": asdict(self.hardware),
         }
@@ -95,6 +99,7 @@ def load_pair(
         n_ctx=hardware.ctx_size,
         n_threads=hardware.threads,
         n_gpu_layers=hardware.gpu_layers,
+        exact=hardware.exact,
     )
     if draft_path is None:
         return ModelPair(target, None)
@@ -187,6 +192,7 @@ def _costs_key(pair: ModelPair, hardware: HardwareOptions) -> str | None:
             parts.append("-")
     parts.append(
         f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
+        f":exact={hardware.exact}"
     )
     return "|".join(parts)
 

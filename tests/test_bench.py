@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli import bench
+from specdec_cli.engine import SamplingRule
 from specdec_cli.errors import BadUsageError, ContextOverflowError
 from specdec_cli.sampling import SamplingSettings
 from specdec_cli.session import HardwareOptions
@@ -166,7 +167,7 @@ def test_sha256_is_cached(tmp_path, monkeypatch):
 def bench_args(tiny_models, prompts: Path, *extra: str) -> list[str]:
     return [
         "bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter),
-        "--prompts", str(prompts), "--ctx-size", "512", "--warmup", "4", *extra,
+        "--prompts", str(prompts), "--ctx-size", "512", "--warmup", "4", "--fast", *extra,
     ]
 
 
@@ -330,7 +331,7 @@ def test_interrupt_keeps_the_finished_runs(tiny_models, tmp_path):
     assert "greet" not in {m["prompt"] for m in record["missing"]}
 
 
-def test_sampled_runs_have_no_output_check(tiny_models, tmp_path):
+def test_sampled_runs_with_the_classic_rule_have_no_output_check(tiny_models, tmp_path):
     prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:1]
     request = bench.BenchRequest(
         target=Path(tiny_models.target),
@@ -341,6 +342,7 @@ def test_sampled_runs_have_no_output_check(tiny_models, tmp_path):
         warmup_tokens=0,
         sampling=SamplingSettings(temperature=0.8),
         hardware=HardwareOptions(ctx_size=512),
+        rule=SamplingRule.CLASSIC,
     )
     record = bench.run_bench(request).as_dict()
     assert record["complete"] is True
@@ -379,3 +381,43 @@ def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, m
     by_label = {row["configuration"]: row for row in report["summary"]["configurations"]}
     close, unrelated = by_label["fixed k=8"], by_label["fixed k=8 (unrelated_drafter)"]
     assert close["speculative"]["acceptance"] > unrelated["speculative"]["acceptance"]
+
+
+def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny_models, tmp_path):
+    prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:2]
+    request = bench.BenchRequest(
+        target=Path(tiny_models.target),
+        draft=Path(tiny_models.close_drafter),
+        prompts=prompts,
+        configurations=bench.configurations([4], ["fixed", "combined"], exact=True),
+        repeats=2,
+        warmup_tokens=0,
+        sampling=SamplingSettings(temperature=0.8),
+        hardware=HardwareOptions(ctx_size=512),
+    )
+    record = bench.run_bench(request).as_dict()
+    checked = [row for row in record["prompts"] if row["configuration"] != bench.EXACT_ALONE]
+    assert len(checked) == 2 * 2
+    for row in checked:
+        assert row["output"]["reference"] == bench.EXACT_ALONE
+        assert row["output"]["identical_repeats"] == row["output"]["repeats_compared"] == 2
+
+
+def test_exact_bench_measures_the_cost_of_exactness_and_checks_against_it(tiny_models, tmp_path):
+    prompts = write(tmp_path, "prompts.yaml", PROMPTS_YAML)
+    out = tmp_path / "bench.json"
+    args = bench_args(tiny_models, prompts, "--drafter", "fixed,combined", "--json", str(out))
+    args.remove("--fast")
+    result = runner.invoke(app(), args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    labels = [c["label"] for c in report["settings"]["configurations"]]
+    assert labels == [bench.EXACT_ALONE, "fixed k=8", "combined k=32"]
+    assert report["settings"]["hardware"]["exact"] is True
+    rows = {row["configuration"]: row for row in report["summary"]["configurations"]}
+    assert rows[bench.EXACT_ALONE]["speculative"]["drafted"] == 0
+    assert rows[bench.EXACT_ALONE]["speedup"]["median"] > 0  # the cost of exactness
+    for row in report["prompts"]:
+        if row["configuration"] != bench.EXACT_ALONE:
+            assert row["output"]["reference"] == bench.EXACT_ALONE
+            assert row["output"]["identical_repeats"] == row["output"]["repeats_compared"]

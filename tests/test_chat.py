@@ -112,14 +112,15 @@ def test_the_drafter_cache_is_reused_too(tiny_models):
     session = new_session(tiny_models)
     run_turn(session, FIRST)
     turn1 = session.records[0]
-    # Two tokens: exactly one draft step, whose decode is the part of the prompt the
-    # drafter lacks. It holds turn 1 but for at most the reply's last two tokens (the last
-    # draft token and the target's bonus token are never fed to the drafter).
-    session.settings = GenerationSettings(max_tokens=2)
+    # Three tokens: the prompt's round drafts nothing, then exactly one draft step, whose
+    # decode is the part of the prompt the drafter lacks plus the first reply token. It
+    # holds turn 1 but for at most the reply's last two tokens (the last draft token and
+    # the target's bonus token are never fed to the drafter).
+    session.settings = GenerationSettings(max_tokens=3)
     run_turn(session, SECOND)
     turn2 = session.records[1]
     new = turn2.prompt_tokens - (turn1.prompt_tokens + turn1.reply_tokens - 1)
-    assert 0 < turn2.drafter_decoded <= new + 1 < 40
+    assert 0 < turn2.drafter_decoded <= new + 2 < 40
 
 
 def test_reset_forgets_the_conversation(tiny_models):

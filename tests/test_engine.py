@@ -9,19 +9,23 @@ from fakes import (
     FixedDrafter,
     RecordingDrafter,
     always_wrong,
+    blended,
     model_drafter,
     negated,
     sequence_model,
     table_model,
 )
 
+from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
 from specdec_cli.backend import common_prefix_length
+from specdec_cli.drafters import NgramDrafter
 from specdec_cli.engine import (
     Finished,
     Generation,
     GenerationSettings,
     Piece,
     Round,
+    SamplingRule,
     TokenKind,
 )
 from specdec_cli.sampling import SamplingSettings
@@ -79,9 +83,12 @@ def test_greedy_identical_drafter_accepts_everything_and_matches_the_target_alon
     assert done.finish_reason == "length" and len(done.tokens) == 40
     assert done.stats.drafted > 0 and done.stats.accepted == done.stats.drafted
     assert done.stats.acceptance == 1.0
-    # 5 drafted + 1 bonus per pass, except the last, cut by max_tokens.
-    assert done.stats.target_passes == 7
-    assert {p.kind for p in pieces(events)} == {TokenKind.ACCEPTED, TokenKind.BONUS}
+    # The prompt alone first (1 token), then 5 drafted + 1 bonus per pass, except the last,
+    # cut by max_tokens.
+    assert done.stats.target_passes == 1 + 7
+    kinds = [p.kind for p in pieces(events)]
+    assert kinds[0] == TokenKind.TARGET
+    assert set(kinds[1:]) == {TokenKind.ACCEPTED, TokenKind.BONUS}
     check_stats(events, done)
 
 
@@ -91,7 +98,9 @@ def test_sampled_identical_drafter_accepts_everything(seed):
     settings = GenerationSettings(max_tokens=30, draft_max=4, sampling=SAMPLED, seed=seed)
     events, done = run(target, settings, model_drafter(target))
     assert done.stats.drafted > 0 and done.stats.accepted == done.stats.drafted
-    assert all(p.kind in (TokenKind.ACCEPTED, TokenKind.BONUS) for p in pieces(events))
+    kinds = [p.kind for p in pieces(events)]
+    assert kinds[0] == TokenKind.TARGET  # the prompt's round drafts nothing
+    assert all(kind in (TokenKind.ACCEPTED, TokenKind.BONUS) for kind in kinds[1:])
     check_stats(events, done)
 
 
@@ -140,7 +149,8 @@ def test_eos_inside_an_accepted_draft_stops_there(sampling):
     drafter = model_drafter(target, end_of_generation=())
     settings = GenerationSettings(max_tokens=20, draft_max=6, sampling=sampling, seed=0)
     events, done = run(target, settings, drafter)
-    assert rounds(events)[0].drafted == 6
+    assert rounds(events)[0].drafted == 0  # the prompt is decoded alone
+    assert rounds(events)[1].drafted == 6
     assert done.finish_reason == "stop"
     assert done.tokens == [3, 4]
     assert done.text == "de"
@@ -154,19 +164,19 @@ def test_eos_drafted_by_a_drafter_that_stops_at_it():
     target = FakeBackend(sequence_model(SCRIPT, len(PROMPT), 10), 10, end_of_generation={EOS})
     drafter = RecordingDrafter(model_drafter(target))
     events, done = run(target, GenerationSettings(draft_max=6, sampling=GREEDY), drafter)
-    assert drafter.drafts[0].tokens == [3, 4, EOS]
+    assert drafter.drafts[0].tokens == [4, EOS]
     assert done.tokens == [3, 4] and done.finish_reason == "stop"
-    assert done.stats.target_passes == 1
+    assert done.stats.target_passes == 2
 
 
 def test_eos_as_the_targets_correction():
     target = FakeBackend(sequence_model(SCRIPT, len(PROMPT), 10), 10, end_of_generation={EOS})
     events, done = run(
-        target, GenerationSettings(draft_max=4, sampling=GREEDY), FixedDrafter([3, 4, 5, 6])
+        target, GenerationSettings(draft_max=4, sampling=GREEDY), FixedDrafter([4, 5, 6, 7])
     )
     assert [p.token for p in pieces(events)] == [3, 4, EOS]
     assert [p.kind for p in pieces(events)] == [
-        TokenKind.ACCEPTED,
+        TokenKind.TARGET,
         TokenKind.ACCEPTED,
         TokenKind.CORRECTION,
     ]
@@ -419,3 +429,55 @@ def test_fake_backend_refuses_to_overflow():
         target.decode([3, 4], 1)
     row = target.decode([3], 1)[0]
     np.testing.assert_array_equal(row, np.float32(target.logits_fn((0, 1, 2, 3))))
+
+
+# --- the invariant rule: the same seed gives the same answer, whoever drafts ------------------
+
+
+def _drafters_for(target: FakeBackend) -> dict:
+    costs = CostModel({1: 1.0, 2: 1.2, 8: 2.0}, 0.1, learn=False)
+    often = {"model_probes": ProbeSchedule(1, 1), "ngram_probes": ProbeSchedule(1, 1)}
+    return {
+        "same": model_drafter(target),
+        "similar": model_drafter(target, blended(target.logits_fn, table_model(10, 3), 0.5)),
+        "unlike": model_drafter(target, negated(target.logits_fn)),
+        "ngram": NgramDrafter(),
+        "combined": AdaptiveDrafter(
+            costs, model=model_drafter(target), ngram=NgramDrafter(), **often
+        ),
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 7, 123])
+@pytest.mark.parametrize("drafter", ["same", "similar", "unlike", "ngram", "combined"])
+def test_invariant_rule_same_seed_same_answer_with_or_without_a_drafter(drafter, seed):
+    settings = GenerationSettings(max_tokens=40, draft_max=5, sampling=SAMPLED, seed=seed)
+    _, alone = run(table_target(), settings)
+    target = table_target()
+    _, drafted = run(target, settings, _drafters_for(target)[drafter])
+    assert drafted.tokens == alone.tokens
+    assert drafted.stats.drafted > 0
+
+
+def test_classic_rule_answer_depends_on_the_drafter():
+    # The control: rejection sampling is exact in distribution only, so with a drafter the
+    # same seed gives another answer (the test above would catch a rule that did this).
+    settings = GenerationSettings(
+        max_tokens=40, draft_max=5, sampling=SAMPLED, seed=7, rule=SamplingRule.CLASSIC
+    )
+    _, alone = run(table_target(), settings)
+    target = table_target()
+    _, drafted = run(target, settings, _drafters_for(target)["similar"])
+    assert drafted.tokens != alone.tokens
+
+
+def test_invariant_rule_different_seeds_give_different_answers():
+    answers = {
+        tuple(
+            run(table_target(), GenerationSettings(max_tokens=20, sampling=SAMPLED, seed=s))[
+                1
+            ].tokens
+        )
+        for s in range(5)
+    }
+    assert len(answers) > 1

@@ -19,9 +19,10 @@ import pytest
 from fakes import FakeBackend, blended, negated, table_model
 from scipy import stats
 
+from specdec_cli import sampling as sampling_module
 from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
 from specdec_cli.drafters import ModelDrafter, NgramDrafter
-from specdec_cli.engine import Finished, Generation, GenerationSettings
+from specdec_cli.engine import Finished, Generation, GenerationSettings, SamplingRule
 from specdec_cli.sampling import (
     AcceptanceRule,
     Distribution,
@@ -77,6 +78,7 @@ def draw(
     min_confidence: float = 0.0,
     samples: int = SAMPLES,
     adaptive: str | None = None,
+    rule: SamplingRule = SamplingRule.CLASSIC,
 ) -> tuple[FakeBackend, Counter]:
     target = FakeBackend(TARGET, N_VOCAB, end_of_generation={EOS})
     drafter = ModelDrafter(target.twin(DRAFTERS[drafter_model]), min_confidence=min_confidence)
@@ -88,7 +90,7 @@ def draw(
     counts: Counter = Counter()
     for seed in range(samples):
         gen_settings = GenerationSettings(
-            max_tokens=LENGTH, draft_max=3, sampling=sampling, seed=seed
+            max_tokens=LENGTH, draft_max=3, sampling=sampling, seed=seed, rule=rule
         )
         *_, done = Generation(target, PROMPT, gen_settings, drafter, acceptance).events()
         assert isinstance(done, Finished)
@@ -131,13 +133,18 @@ CASES = {
 }
 
 
+RULES = [SamplingRule.CLASSIC, SamplingRule.INVARIANT]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.value)
 @pytest.mark.parametrize("case", list(CASES))
-def test_speculative_sampling_matches_the_target_exactly(case):
+def test_speculative_sampling_matches_the_target_exactly(case, rule):
     sampling, drafter_model = CASES[case]
-    p, counts = fit(sampling, drafter_model)
+    p, counts = fit(sampling, drafter_model, rule=rule)
     assert p > PASS_P, f"{case}: chi-square p={p:.3g}; counts {counts.most_common(8)}"
 
 
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.value)
 @pytest.mark.parametrize(
     ("mode", "sampling"),
     [
@@ -147,8 +154,8 @@ def test_speculative_sampling_matches_the_target_exactly(case):
         ("ngram", settings(0.7, min_p=0.1)),
     ],
 )
-def test_adaptive_drafting_keeps_sampling_exact(mode, sampling):
-    p, _ = fit(sampling, "similar", adaptive=mode)
+def test_adaptive_drafting_keeps_sampling_exact(mode, sampling, rule):
+    p, _ = fit(sampling, "similar", adaptive=mode, rule=rule)
     assert p > PASS_P, f"chi-square p={p:.3g}"
 
 
@@ -191,6 +198,18 @@ def resample_from_target_on_rejection(
 def test_the_harness_rejects_a_wrong_rule(rule):
     p, _ = fit(settings(1.0), "unlike", acceptance=rule)
     assert p < REJECT_P, f"{rule.__name__} passed the fit (p={p:.3g}): the test has no power"
+
+
+def test_the_harness_rejects_wrong_noise_in_the_invariant_rule(monkeypatch):
+    # Exponential noise in place of Gumbel: argmax(log p + noise) no longer samples from p.
+    gumbel = sampling_module.gumbel_noise
+
+    def exponential_noise(seed, position, ids):
+        return -np.log(np.exp(-np.exp(-gumbel(seed, position, ids))))  # -log(U), U uniform
+
+    monkeypatch.setattr(sampling_module, "gumbel_noise", exponential_noise)
+    p, _ = fit(settings(1.0), "unlike", rule=SamplingRule.INVARIANT)
+    assert p < REJECT_P, f"exponential noise passed the fit (p={p:.3g}): the test has no power"
 
 
 def test_exact_distribution_sums_to_one_and_covers_every_answer():

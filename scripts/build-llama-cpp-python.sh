@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build and install the pinned llama-cpp-python from its source distribution, with specdec's
+# llama.cpp patches (patches/llama.cpp/*.patch, applied in name order to vendor/llama.cpp).
+# Usage: scripts/build-llama-cpp-python.sh PYTHON VERSION
+# CMAKE_ARGS comes from specdec_cli/build_flags.py unless SPECDEC_CMAKE_ARGS/CMAKE_ARGS is set.
+set -euo pipefail
+python=$1
+version=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+command -v patch >/dev/null || { echo "error: 'patch' is needed (apt-get install patch)" >&2; exit 1; }
+
+"$python" -m pip download --quiet --no-deps --no-binary :all: \
+    "llama-cpp-python==$version" -d "$work"
+tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
+source_dir="$work/llama_cpp_python-$version"
+for patch_file in "$root"/patches/llama.cpp/*.patch; do
+    echo "applying $(basename "$patch_file")"
+    patch -p1 --forward --batch --quiet -d "$source_dir/vendor/llama.cpp" <"$patch_file"
+done
+
+CMAKE_ARGS="$("$python" "$root/specdec_cli/build_flags.py")" FORCE_CMAKE=1 \
+    "$python" -m pip install --force-reinstall --no-deps --no-cache-dir "$source_dir"
+# its own dependencies (numpy, jinja2, ...), without touching the build above
+"$python" -m pip install --quiet "llama-cpp-python==$version"

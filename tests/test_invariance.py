@@ -1,0 +1,100 @@
+"""Exact mode: a token's logits must not depend on how many tokens share its decode.
+
+Each test decodes a context, then the same tokens one at a time and in one batch of every
+size from 1 to the largest verification batch, and compares the logits bit for bit. The
+default kernels serve as the control: they differ, so these tests can fail.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli import llama_backend
+from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.cli import app
+from specdec_cli.errors import ModelFileError
+from specdec_cli.llama_backend import LlamaBackend
+
+LARGEST_BATCH = ADAPTIVE_DRAFT_LIMIT + 1  # a full draft and the target's own token
+CONTEXT = "the cat sat on the mat and then it went away " * 3
+CONTINUATION = "the dog ran over the hill and far away " * 8
+
+
+def batch_sizes_that_differ(backend: LlamaBackend, largest: int = LARGEST_BATCH) -> list[int]:
+    """Batch sizes n whose logits for the first n tokens differ from one-token decodes."""
+    context = backend.tokenize(CONTEXT, add_special=True)
+    tokens = backend.tokenize(CONTINUATION, add_special=False)[:largest]
+    assert len(tokens) == largest
+    backend.truncate(0)
+    backend.decode(context, 1)
+    alone = np.stack([np.array(backend.decode([token], 1)[0]) for token in tokens])
+    differ = []
+    for n in range(1, largest + 1):
+        backend.truncate(len(context))
+        batched = np.array(backend.decode(tokens[:n], n))
+        if not np.array_equal(batched, alone[:n]):
+            differ.append(n)
+    return differ
+
+
+@pytest.mark.parametrize("model", ["target", "gqa_drafter"], ids=["f32", "f16-gqa"])
+def test_exact_backend_logits_are_bitwise_the_same_at_every_batch_size(tiny_models, model):
+    backend = LlamaBackend(getattr(tiny_models, model), n_ctx=256, n_threads=2, exact=True)
+    try:
+        assert batch_sizes_that_differ(backend) == []
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("model", ["target", "gqa_drafter"], ids=["f32", "f16-gqa"])
+def test_default_kernels_are_not_batch_invariant(tiny_models, model):
+    backend = LlamaBackend(getattr(tiny_models, model), n_ctx=256, n_threads=2, exact=False)
+    try:
+        assert batch_sizes_that_differ(backend) != []
+    finally:
+        backend.close()
+
+
+def test_exact_and_fast_backends_share_one_process(tiny_models):
+    # The kernel switch is process-wide; each backend sets it for its own decodes.
+    exact = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=2, exact=True)
+    fast = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=2, exact=False)
+    try:
+        fast.decode(fast.tokenize(CONTEXT, add_special=True), 1)
+        assert batch_sizes_that_differ(exact, 8) == []
+        assert batch_sizes_that_differ(fast, 8) != []
+    finally:
+        exact.close()
+        fast.close()
+
+
+def test_exact_mode_refuses_a_build_without_the_patch(tiny_models, monkeypatch):
+    monkeypatch.setattr(llama_backend, "_set_invariant_rows", None)
+    with pytest.raises(ModelFileError, match="batch-invariant"):
+        LlamaBackend(tiny_models.target, n_ctx=64, exact=True)
+
+
+# --- the same seed, the same answer, with or without a drafter (real GGUF models) --------------
+
+runner = CliRunner()
+
+
+def run_tokens(tiny_models, *args: str) -> list[int]:
+    base = ["run", "the cat sat on", "--raw", "--target", str(tiny_models.target), "--json"]
+    result = runner.invoke(app, [*base, "-n", "40", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["tokens"]
+
+
+@pytest.mark.parametrize("mode", ["fixed", "combined", "model", "ngram"])
+def test_sampled_answer_for_a_seed_does_not_depend_on_the_drafter(tiny_models, mode):
+    sampled = ("--temp", "0.9", "--seed", "7")
+    alone = run_tokens(tiny_models, *sampled, "--no-draft")
+    drafted = run_tokens(
+        tiny_models, *sampled, "--draft", str(tiny_models.close_drafter), "--drafter", mode
+    )
+    assert drafted == alone
