@@ -14,6 +14,7 @@ from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from specdec_cli.fetch import specdec_cache_dir
 
 runner = CliRunner()
 PROMPTS = ["the cat sat on", "one two three four", "what is the time"]
@@ -42,6 +43,17 @@ def test_greedy_speculative_output_equals_the_target_alone(tiny_models, prompt):
     for mode in ("combined", "model", "ngram"):
         adaptive = run_json(tiny_models, prompt, "--draft", drafter, "--drafter", mode, "-n", "48")
         assert adaptive["tokens"] == plain["tokens"], mode
+
+
+def test_measured_decode_costs_go_to_the_tests_own_cache(tiny_models, monkeypatch):
+    from conftest import point_caches_at_the_users
+
+    home = specdec_cache_dir()
+    with monkeypatch.context() as users:
+        point_caches_at_the_users(users)
+        assert specdec_cache_dir() != home
+    run_json(tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "-n", "4")
+    assert (home / "decode-costs.json").is_file()
 
 
 def test_json_record_is_complete_and_consistent(tiny_models):

@@ -27,7 +27,8 @@ NEAR_TIE = 1.0  # logits
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(shared_model_cache):
+    """The real pair from the user's cache (downloaded there on first use)."""
     target = resolve_model("large").path
     drafter = resolve_model("small").path
     models = load_pair(target, drafter, HardwareOptions(ctx_size=1024))
