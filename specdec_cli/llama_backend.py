@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .backend import VocabInfo
-from .errors import ContextOverflowError, ModelFileError
+from .errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 
 try:
     import llama_cpp
@@ -176,11 +176,9 @@ class LlamaBackend:
         self._batch.n_tokens = n
         status = llama_cpp.llama_decode(self._ctx, self._batch)
         if status != 0:
-            raise ContextOverflowError(
-                f"llama_decode failed with status {status} at position {base} "
-                f"(context {self.n_ctx}).",
-                "Raise --ctx-size or shorten the prompt.",
-            )
+            # A failure can leave part of the batch in the KV cache: keep it in step with `cached`.
+            llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, base, -1)
+            raise decode_failure(status, base, self.n_ctx)
         self.cached.extend(chunk)
         self.tokens_decoded += n
         self.decode_calls += 1
@@ -272,6 +270,29 @@ class LlamaBackend:
             "n_vocab": self.n_vocab,
             "n_ctx": self.n_ctx,
         }
+
+
+def decode_failure(status: int, position: int, n_ctx: int) -> SpecdecError:
+    """What a non-zero llama_decode status means (llama.h): 1 no KV-cache slot for the batch,
+    2 aborted, -1 an invalid batch, below -1 an error inside llama.cpp."""
+    where = f"at position {position} (context {n_ctx} tokens)"
+    if status == 1:
+        return ContextOverflowError(
+            f"llama.cpp found no room in the KV cache for the batch {where}.",
+            "Raise --ctx-size or shorten the prompt.",
+        )
+    if status == 2:
+        return DecodeError(f"llama.cpp aborted the decode {where}.", "Run it again.")
+    if status == -1:
+        return DecodeError(
+            f"llama.cpp rejected the batch as invalid {where}: a token outside the model's "
+            "vocabulary?",
+            "Without --force, drafters must share the target's vocabulary.",
+        )
+    return DecodeError(
+        f"llama.cpp failed to decode {where} (status {status}).",
+        "Run with --verbose to see llama.cpp's log.",
+    )
 
 
 def _load_model(path: Path, n_gpu_layers: int):
