@@ -37,7 +37,14 @@ from .adaptive import (
 from .backend import Backend
 from .comparison import Comparison, compare_outputs
 from .drafters import Drafter
-from .engine import Finished, Generation, GenerationSettings, GenerationStats, Piece
+from .engine import (
+    Finished,
+    FinishReason,
+    Generation,
+    GenerationSettings,
+    GenerationStats,
+    Piece,
+)
 from .errors import BadUsageError, SpecdecError
 from .sampling import SamplingSettings
 from .session import (
@@ -359,7 +366,7 @@ class RunRecord:
     seed: int
     tokens: list[int]
     text: str
-    finish_reason: str
+    finish_reason: FinishReason
     stats: GenerationStats
 
     def as_dict(self) -> dict:
@@ -395,25 +402,23 @@ class Aggregate:
     @classmethod
     def of(cls, records: Sequence[RunRecord]) -> Aggregate:
         stats = [r.stats for r in records]
-        lengths: Counter = Counter()
-        sources: Counter = Counter()
+        total = GenerationStats()
         for s in stats:
-            lengths.update(s.draft_lengths)
-            sources.update(s.draft_sources)
+            total.merge(s)
         first = [s.first_token_seconds for s in stats if s.first_token_seconds is not None]
         return cls(
             runs=len(stats),
-            generated=sum(s.generated for s in stats),
-            seconds=sum(s.seconds for s in stats),
+            generated=total.generated,
+            seconds=total.seconds,
             tokens_per_second=_median([s.tokens_per_second for s in stats]),
             first_token_seconds=_median(first),
-            drafted=sum(s.drafted for s in stats),
-            accepted=sum(s.accepted for s in stats),
-            target_passes=sum(s.target_passes for s in stats),
-            draft_seconds=sum(s.draft_seconds for s in stats),
-            verify_seconds=sum(s.verify_seconds for s in stats),
-            draft_lengths={str(k): v for k, v in sorted(lengths.items())},
-            draft_sources=dict(sources),
+            drafted=total.drafted,
+            accepted=total.accepted,
+            target_passes=total.target_passes,
+            draft_seconds=total.draft_seconds,
+            verify_seconds=total.verify_seconds,
+            draft_lengths={str(k): v for k, v in sorted(total.draft_lengths.items())},
+            draft_sources=dict(total.draft_sources),
         )
 
     @property
@@ -888,14 +893,16 @@ def _generate(
         drafter = make_drafter(configuration, pair)
         generation = Generation(pair.target, prompt, configuration.settings(base), drafter)
     emitted = 0
-    for event in generation.events():
-        if isinstance(event, Piece) and event.token is not None:
+
+    def advance(piece: Piece) -> None:
+        nonlocal emitted
+        if piece.token is not None:
             emitted += 1
             progress.advance(1)
-        elif isinstance(event, Finished):
-            progress.advance(max(0, base.max_tokens - emitted))  # a run that stopped early
-            return event
-    raise RuntimeError("generation ended without a Finished event")
+
+    finished = generation.run(advance)
+    progress.advance(max(0, base.max_tokens - emitted))  # a run that stopped early
+    return finished
 
 
 def _check(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .backend import common_prefix_length
 from .drafters import Drafter, ModelDrafter
-from .engine import Finished, Generation, GenerationSettings, GenerationStats
+from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
 from .session import ModelPair, check_prompt_fits
 
@@ -102,7 +102,7 @@ class TurnRecord:
     target_decoded: int | None  # tokens the target evaluated this turn (None: backend can't say)
     drafter_decoded: int | None
     dropped_exchanges: int
-    finish_reason: str
+    finish_reason: FinishReason
     stats: GenerationStats
 
 
@@ -256,7 +256,9 @@ class ChatSession:
     def _finish(self, turn: Turn, finished: Finished) -> TurnRecord:
         generation = turn.generation
         reply = finished.text
-        self.exchanges.append(Exchange(turn.user, reply, finished.finish_reason == "interrupted"))
+        self.exchanges.append(
+            Exchange(turn.user, reply, finished.finish_reason == FinishReason.INTERRUPTED)
+        )
         # The reply's tokens stand for its text only if they spell it exactly (not when a
         # stop string cut the text, or a character was left incomplete).
         spelled = b"".join(self.pair.target.token_bytes(t) for t in finished.tokens)
@@ -280,7 +282,7 @@ class ChatSession:
             stats=finished.stats,
         )
         self.records.append(record)
-        _accumulate(self.totals, finished.stats)
+        self.totals.merge(finished.stats)
         return record
 
     def _decoded_counts(self) -> tuple[int | None, int | None]:
@@ -356,15 +358,3 @@ def transcript_markdown(record: dict) -> str:
             heading += " (interrupted)"
         lines += [heading, "", message["content"], ""]
     return "\n".join(lines)
-
-
-def _accumulate(totals: GenerationStats, stats: GenerationStats) -> None:
-    totals.generated += stats.generated
-    totals.drafted += stats.drafted
-    totals.accepted += stats.accepted
-    totals.target_passes += stats.target_passes
-    totals.seconds += stats.seconds
-    totals.draft_seconds += stats.draft_seconds
-    totals.verify_seconds += stats.verify_seconds
-    totals.draft_lengths.update(stats.draft_lengths)
-    totals.draft_sources.update(stats.draft_sources)

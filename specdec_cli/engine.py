@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,6 +28,17 @@ class TokenKind(str, Enum):
     ACCEPTED = "accepted"  # drafted, and the target agreed
     CORRECTION = "correction"  # the target's token in place of a rejected draft
     BONUS = "bonus"  # the target's extra token after a fully accepted draft
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # the model ended its answer
+    STOP_STRING = "stop_string"  # the text reached one of the stop strings
+    LENGTH = "length"  # max_tokens
+    CONTEXT = "context"  # the context window is full
+    INTERRUPTED = "interrupted"  # the consumer stopped early (Ctrl-C)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,19 @@ class GenerationStats:
         self.draft_lengths[r.drafted] += 1
         self.draft_sources[r.source] += 1
 
+    def merge(self, other: GenerationStats) -> None:
+        """Add another generation's counts and times to these. `prompt_tokens` and
+        `first_token_seconds` describe a single generation and stay as they are."""
+        self.generated += other.generated
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.target_passes += other.target_passes
+        self.seconds += other.seconds
+        self.draft_seconds += other.draft_seconds
+        self.verify_seconds += other.verify_seconds
+        self.draft_lengths.update(other.draft_lengths)
+        self.draft_sources.update(other.draft_sources)
+
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -120,7 +144,7 @@ class GenerationStats:
 class Finished:
     text: str
     tokens: list[int]
-    finish_reason: str  # "stop", "stop_string", "length", "context"
+    finish_reason: FinishReason
     stats: GenerationStats
 
 
@@ -209,11 +233,20 @@ class Generation:
         """What was produced before the consumer stopped iterating (Ctrl-C)."""
         if self._started is not None:
             self.stats.seconds = time.perf_counter() - self._started
-        return Finished(self.text, list(self.tokens), "interrupted", self.stats)
+        return Finished(self.text, list(self.tokens), FinishReason.INTERRUPTED, self.stats)
+
+    def run(self, on_piece: Callable[[Piece], None] | None = None) -> Finished:
+        """Generate to the end, handing each piece of text to `on_piece`."""
+        for event in self.events():
+            if isinstance(event, Piece) and on_piece is not None:
+                on_piece(event)
+            elif isinstance(event, Finished):
+                return event
+        raise AssertionError("events() always ends with Finished")
 
     def events(self) -> Iterator[Event]:
         start = self._started = time.perf_counter()
-        finish_reason = None
+        finish_reason: FinishReason | None = None
         while finish_reason is None:
             room = min(
                 self.settings.max_tokens - len(self.tokens),
@@ -221,7 +254,9 @@ class Generation:
             )
             if room <= 0:
                 finish_reason = (
-                    "length" if len(self.tokens) >= self.settings.max_tokens else "context"
+                    FinishReason.LENGTH
+                    if len(self.tokens) >= self.settings.max_tokens
+                    else FinishReason.CONTEXT
                 )
                 break
             draft, draft_seconds = self._draft(room - 1)
@@ -241,7 +276,7 @@ class Generation:
                 yield piece
                 if finish_reason:
                     break
-        tail = self._text.flush() if finish_reason != "stop_string" else ""
+        tail = self._text.flush() if finish_reason != FinishReason.STOP_STRING else ""
         if tail:
             yield Piece(None, TokenKind.TARGET, tail)
         self.stats.seconds = time.perf_counter() - start
@@ -282,12 +317,12 @@ class Generation:
         else:
             yield next_token, TokenKind.BONUS
 
-    def _emit(self, token: int, kind: TokenKind, start: float) -> tuple[Piece, str | None]:
+    def _emit(self, token: int, kind: TokenKind, start: float) -> tuple[Piece, FinishReason | None]:
         if self.stats.first_token_seconds is None:
             self.stats.first_token_seconds = time.perf_counter() - start
         if self.target.is_end_of_generation(token):
-            return Piece(token, kind, ""), "stop"
+            return Piece(token, kind, ""), FinishReason.STOP
         self.tokens.append(token)
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
-        return Piece(token, kind, text), "stop_string" if hit_stop else None
+        return Piece(token, kind, text), FinishReason.STOP_STRING if hit_stop else None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from . import render
 from .comparison import Comparison, compare_outputs
-from .engine import Finished, Generation, Piece
+from .engine import Finished, Generation
 from .session import (
     DecodeRequest,
     ModelPair,
@@ -69,14 +69,9 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
 def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:
     """Run to the end, streaming pieces; Ctrl-C keeps what was produced."""
     try:
-        for event in generation.events():
-            if isinstance(event, Piece) and answer is not None:
-                answer.write(event)
-            elif isinstance(event, Finished):
-                return event, False
+        return generation.run(answer.write if answer is not None else None), False
     except KeyboardInterrupt:
         return generation.interrupted(), True
-    raise RuntimeError("generation ended without a Finished event")
 
 
 def _verify(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .drafters import ModelDrafter
-from .engine import Finished, Generation, GenerationSettings
+from .engine import Generation, GenerationSettings
 from .fetch import ResolvedModel, models_dir, sha256_of
 from .registry import load_registry, record_user_model
 from .session import HardwareOptions, load_pair, prompt_tokens
@@ -78,7 +78,7 @@ def _acceptance(pair) -> float:
         pair.reset()
         prompt = prompt_tokens(pair.target, text, system=None, raw=False)
         generation = Generation(pair.target, prompt, settings, ModelDrafter(pair.drafter))
-        finished = next(e for e in generation.events() if isinstance(e, Finished))
+        finished = generation.run()
         drafted += finished.stats.drafted
         accepted += finished.stats.accepted
     return accepted / drafted if drafted else 0.0
