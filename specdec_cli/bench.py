@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +34,7 @@ from .adaptive import (
     default_draft_max,
     measure_pair_costs,
 )
-from .backend import Backend
+from .backend import Backend, encode_chat
 from .comparison import Comparison, compare_outputs
 from .drafters import Drafter
 from .engine import (
@@ -97,8 +97,7 @@ class BenchPrompt:
         if raw:  # no template: the contents as plain text
             text = "\n\n".join(m["content"] for m in self.messages)
             return target.tokenize(text, add_special=True)
-        rendered = target.format_chat([dict(m) for m in self.messages])
-        return target.tokenize(rendered, add_special=False, parse_special=True)
+        return encode_chat(target, [dict(m) for m in self.messages])
 
 
 _PROMPT_FIELDS = {"id", "category", "text", "messages", "system", "max_tokens"}
@@ -644,13 +643,11 @@ class BenchReport:
     @staticmethod
     def best(rows: Sequence[Row]) -> dict[str, str]:
         """The configuration with the highest speedup, per row name."""
-        best: dict[str, Row] = {}
+        best: dict[str, tuple[float, str]] = {}
         for row in rows:
-            if row.speedup is None:
-                continue
-            if row.name not in best or row.speedup.value > best[row.name].speedup.value:
-                best[row.name] = row
-        return {name: row.configuration for name, row in best.items()}
+            if row.speedup is not None and row.speedup.value > best.get(row.name, (-1.0, ""))[0]:
+                best[row.name] = (row.speedup.value, row.configuration)
+        return {name: configuration for name, (_, configuration) in best.items()}
 
     def as_dict(self) -> dict:
         category_rows, suite_rows = self.category_rows(), self.suite_rows()
@@ -973,14 +970,12 @@ def model_record(backend: Backend, path: Path) -> dict:
         "size_bytes": path.stat().st_size,
         "sha256": file_sha256(path),
     }
-    describe: Callable[[], dict] | None = getattr(backend, "describe", None)
-    if describe is not None:
-        info = describe()
-        record.update(
-            description=info.get("description"),
-            parameters=info.get("parameters"),
-            n_vocab=info.get("n_vocab"),
-        )
+    info = backend.describe()
+    record.update(
+        description=info.get("description"),
+        parameters=info.get("parameters"),
+        n_vocab=info.get("n_vocab"),
+    )
     return record
 
 

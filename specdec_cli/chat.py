@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from .backend import common_prefix_length
+from .backend import Backend, common_prefix_length, encode_template_text
 from .drafters import Drafter, ModelDrafter
 from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
@@ -41,7 +42,9 @@ class CommandError(BadUsageError):
 @dataclass(frozen=True)
 class Command:
     name: str  # "help", "reset", "system", "draft", "temp", "stats", "save", "exit"
-    value: str | int | float | None = None
+    # Its type follows the name: str (or None) for system, str for save, int for draft,
+    # float for temp; parse_command guarantees it, which a union would hide from the checker.
+    value: Any = None
 
 
 def parse_command(line: str) -> Command | None:
@@ -175,10 +178,10 @@ class ChatSession:
             drafter = ModelDrafter(pair.drafter)
         self._drafter = drafter
         self._known: _Known | None = None
-        if getattr(pair.target, "chat_template", lambda: "")() is None:
+        if pair.target.chat_template() is None:
+            name = pair.target.path.name if pair.target.path else "the target"
             raise ModelFileError(
-                f"{Path(getattr(pair.target, 'path', 'the target')).name} has no chat template "
-                "in its metadata, so it cannot hold a conversation.",
+                f"{name} has no chat template in its metadata, so it cannot hold a conversation.",
                 "Use a chat/instruct model, or `specdec run --raw` for plain completion.",
             )
 
@@ -247,11 +250,9 @@ class ChatSession:
         known = self._known
         if known is not None and rendered.startswith(known.text):
             tail = rendered[len(known.text) :]
-            return rendered, known.tokens + target.tokenize(
-                tail, add_special=False, parse_special=True
-            )
+            return rendered, known.tokens + encode_template_text(target, tail)
         # First turn, or the history changed (reset, new system message, dropped turns).
-        return rendered, target.tokenize(rendered, add_special=False, parse_special=True)
+        return rendered, encode_template_text(target, rendered)
 
     def _finish(self, turn: Turn, finished: Finished) -> TurnRecord:
         generation = turn.generation
@@ -285,11 +286,9 @@ class ChatSession:
         self.totals.merge(finished.stats)
         return record
 
-    def _decoded_counts(self) -> tuple[int | None, int | None]:
-        return tuple(  # type: ignore[return-value]
-            getattr(b, "tokens_decoded", None) if b is not None else None
-            for b in (self.pair.target, self.pair.drafter)
-        )
+    def _decoded_counts(self) -> tuple[int, int | None]:
+        drafter = self.pair.drafter
+        return self.pair.target.tokens_decoded, None if drafter is None else drafter.tokens_decoded
 
     def _resync_caches(self) -> None:
         """After an interruption, drop any KV entries past what each backend lists as cached
@@ -319,10 +318,8 @@ class ChatSession:
                 "seed": self.settings.seed,
             },
             "models": {
-                "target": str(getattr(self.pair.target, "path", "")),
-                "draft": None
-                if self.pair.drafter is None
-                else str(getattr(self.pair.drafter, "path", "")),
+                "target": _path_text(self.pair.target),
+                "draft": None if self.pair.drafter is None else _path_text(self.pair.drafter),
             },
             "totals": self.totals.as_dict(),
         }
@@ -342,6 +339,10 @@ class ChatSession:
                 f"could not write {path}: {error.strerror}.", "Check the folder exists."
             ) from None
         return path
+
+
+def _path_text(backend: Backend) -> str:
+    return "" if backend.path is None else str(backend.path)
 
 
 def transcript_markdown(record: dict) -> str:

@@ -6,7 +6,7 @@ import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Outcome:
     includes_prompt: bool  # the first round also decoded the prompt: not a verify cost
 
 
+@runtime_checkable
 class Drafter(Protocol):
     def propose(
         self,
@@ -51,7 +52,9 @@ class Drafter(Protocol):
         rng: np.random.Generator,
     ) -> Draft: ...
 
-    # Optionally: `observe(outcome: Outcome) -> None`, called after each verification.
+    def observe(self, outcome: Outcome) -> None:
+        """Called after each verification, with what the target made of the draft."""
+        ...
 
 
 @dataclass

@@ -15,6 +15,7 @@ from .backend import Backend, logits_for_suffix
 from .drafters import Draft, Drafter, Outcome
 from .sampling import (
     AcceptanceRule,
+    Distribution,
     SamplingSettings,
     Verdict,
     distribution,
@@ -190,12 +191,13 @@ class _LazyDistributions(Sequence):
     """Target distributions per verified row, computed only for rows the rule reaches."""
 
     def __init__(self, rows: np.ndarray, sampling: SamplingSettings) -> None:
-        self._rows, self._sampling, self._cache = rows, sampling, {}
+        self._rows, self._sampling = rows, sampling
+        self._cache: dict[int, Distribution] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if i not in self._cache:
             self._cache[i] = distribution(self._rows[i], self._sampling)
         return self._cache[i]
@@ -262,9 +264,10 @@ class Generation:
             draft, draft_seconds = self._draft(room - 1)
             first_round = self.stats.target_passes == 0
             verdict, verify_seconds = self._verify(draft)
-            observe = getattr(self.drafter, "observe", None)  # optional for simple drafters
-            if observe is not None:
-                observe(Outcome(draft, verdict.n_accepted, verify_seconds, first_round))
+            if self.drafter is not None:
+                self.drafter.observe(
+                    Outcome(draft, verdict.n_accepted, verify_seconds, first_round)
+                )
             accepted = draft.tokens[: verdict.n_accepted]
             round_ = Round(
                 len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds

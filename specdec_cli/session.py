@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .adaptive import CostModel, build_drafter
-from .backend import Backend
+from .backend import Backend, encode_chat
 from .compat import check_compatible
 from .drafters import Drafter
 from .engine import GenerationSettings
@@ -74,11 +74,17 @@ class ModelPair:
     # More drafters to compare (bench): name -> (backend, its costs once measured)
     alternates: dict[str, tuple[Backend, CostModel | None]] = field(default_factory=dict)
 
-    def reset(self) -> None:
+    def backends(self) -> list[Backend]:
         others = [backend for backend, _ in self.alternates.values()]
-        for backend in (self.target, self.drafter, *others):
-            if backend is not None:
-                backend.truncate(0)
+        return [b for b in (self.target, self.drafter, *others) if b is not None]
+
+    def reset(self) -> None:
+        for backend in self.backends():
+            backend.truncate(0)
+
+    def close(self) -> None:
+        for backend in self.backends():
+            backend.close()
 
 
 def load_pair(
@@ -131,12 +137,11 @@ def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": user_text}]
 
 
-def prompt_tokens(target, text: str, *, system: str | None, raw: bool) -> list[int]:
+def prompt_tokens(target: Backend, text: str, *, system: str | None, raw: bool) -> list[int]:
     """Raw text as-is (with the model's BOS), or the user message through the chat template."""
     if raw:
         return target.tokenize(text, add_special=True)
-    rendered = target.format_chat(chat_messages(text, system))
-    return target.tokenize(rendered, add_special=False, parse_special=True)
+    return encode_chat(target, chat_messages(text, system))
 
 
 def check_prompt_fits(prompt: list[int], n_ctx: int) -> None:
@@ -177,14 +182,13 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions) -> CostModel:
 def _costs_key(pair: ModelPair, hardware: HardwareOptions) -> str | None:
     parts = []
     for backend in (pair.target, pair.drafter):
-        path = getattr(backend, "path", None)
-        if backend is not None and path is None:
-            return None
-        if path is not None:
-            stat = Path(path).stat()
-            parts.append(f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
-        else:
+        if backend is None:
             parts.append("-")
+        elif backend.path is None:
+            return None  # not a model file: nothing to recognise it by next time
+        else:
+            stat = backend.path.stat()
+            parts.append(f"{backend.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
     parts.append(
         f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
     )

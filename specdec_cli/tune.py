@@ -64,8 +64,7 @@ def optimise_drafter(
         pair = load_pair(target.path, path, hardware)
         step = measure_pair_costs(pair.target, pair.drafter).draft_step
         measured.append(DrafterMeasurement(path, 1000 * step, _acceptance(pair)))
-        pair.target.close()
-        pair.drafter.close()
+        pair.close()
     _record(name, drafter, destination, quant, models_file)
     return Optimisation(name, measured[0], measured[1])
 
@@ -102,6 +101,6 @@ def _record(
             value = getattr(entry, key, None)
             if value:
                 fields[key] = value
-    aliases = load_registry(models_file).aliases_of(drafter.name) if entry is not None else []
-    aliases = tuple(f"{alias}-{quant}" for alias in aliases)
+    originals = load_registry(models_file).aliases_of(drafter.name) if entry is not None else []
+    aliases = tuple(f"{alias}-{quant}" for alias in originals)
     record_user_model(name, fields, aliases, models_file)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specdec_cli.backend import VocabInfo
-from specdec_cli.drafters import Draft, ModelDrafter
+from specdec_cli.drafters import Draft, Drafter, ModelDrafter, Outcome
+from specdec_cli.errors import ModelFileError
 from specdec_cli.sampling import Distribution, SamplingSettings
 
 LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
@@ -34,6 +37,7 @@ class FakeBackend:
         end_of_generation: Iterable[int] = (),
         pieces: Mapping[int, bytes] | Sequence[bytes] | None = None,
     ) -> None:
+        self.path: Path | None = None
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -83,8 +87,8 @@ class FakeBackend:
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
-        """Greedy longest match against the pieces (no specials are ever added)."""
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
+        """Greedy longest match against the pieces (no specials are ever added or parsed)."""
         data, out = text.encode(), []
         by_length = sorted(
             ((p, t) for t, p in self.pieces.items() if p), key=lambda pt: -len(pt[0])
@@ -114,9 +118,21 @@ class FakeBackend:
     def token_text(self, token: int) -> str:
         return self.token_bytes(token).decode("utf-8", errors="replace")
 
+    def chat_template(self) -> str | None:
+        return None
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        raise ModelFileError("a FakeBackend has no chat template.", "Use --raw prompts.")
+
+    def describe(self) -> dict:
+        return {"path": None, "description": "FakeBackend", "n_vocab": self.n_vocab}
+
+    def close(self) -> None:
+        pass
+
     def twin(self, logits_fn: LogitsFn | None = None, **changes) -> FakeBackend:
         """A fresh backend with the same vocabulary (a drafter for this one)."""
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             n_vocab=self.n_vocab,
             n_ctx=self.n_ctx,
             end_of_generation=self.end_of_generation,
@@ -215,10 +231,10 @@ def model_drafter(
 class RecordingDrafter:
     """Wraps a drafter and keeps every draft it proposed."""
 
-    inner: object
+    inner: Drafter
     drafts: list[Draft]
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: Drafter) -> None:
         self.inner, self.drafts = inner, []
 
     def propose(
@@ -232,6 +248,9 @@ class RecordingDrafter:
         self.drafts.append(draft)
         return draft
 
+    def observe(self, outcome: Outcome) -> None:
+        self.inner.observe(outcome)
+
 
 @dataclass
 class FixedDrafter:
@@ -242,3 +261,6 @@ class FixedDrafter:
     def propose(self, context, max_tokens, sampling, rng) -> Draft:
         tokens = self.tokens[:max_tokens]
         return Draft(list(tokens), [Distribution.point(t) for t in tokens], "fixed")
+
+    def observe(self, outcome: Outcome) -> None:
+        pass

@@ -17,7 +17,8 @@ from fakes import (
     table_model,
 )
 
-from specdec_cli.backend import common_prefix_length
+from specdec_cli.backend import Backend, common_prefix_length
+from specdec_cli.drafters import Drafter
 from specdec_cli.engine import (
     Finished,
     FinishReason,
@@ -414,6 +415,13 @@ def test_stats_dict_is_consistent():
     assert d["tokens_per_pass"] == pytest.approx(30 / d["target_passes"], abs=1e-4)
     assert done.stats.first_token_seconds is not None
     check_stats(events, done)
+
+
+def test_the_fakes_have_the_protocols_surface():
+    target = table_target()
+    assert isinstance(target, Backend)
+    for drafter in (FixedDrafter([1]), RecordingDrafter(model_drafter(target))):
+        assert isinstance(drafter, Drafter)
 
 
 def test_fake_backend_refuses_to_overflow():

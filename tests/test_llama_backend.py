@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tiny_gguf import BOS_ID, EOS_ID, byte_token_id, write_tiny_llama
 
-from specdec_cli.backend import logits_for_suffix
+from specdec_cli.backend import Backend, logits_for_suffix
 from specdec_cli.compat import check_compatible
 from specdec_cli.errors import (
     ContextOverflowError,
@@ -26,6 +26,10 @@ def target(tiny_models):
 
 def _prompt(backend) -> list[int]:
     return backend.tokenize("the cat sat on the mat and then it", add_special=True)
+
+
+def test_the_backend_has_the_protocols_surface(target):
+    assert isinstance(target, Backend)
 
 
 def test_batched_rows_match_one_token_decodes(target):

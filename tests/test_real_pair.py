@@ -33,8 +33,7 @@ def pair(shared_model_cache):
     drafter = resolve_model("small").path
     models = load_pair(target, drafter, HardwareOptions(ctx_size=1024))
     yield models
-    models.target.close()
-    models.drafter.close()
+    models.close()
 
 
 def generate(pair, prompt: list[int], drafter) -> Finished:
