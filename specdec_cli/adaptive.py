@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend
-from .drafters import NO_MATCH, Draft, DraftBuilder, ModelDrafter, NgramDrafter, NgramMatch, Outcome
+from .drafters import (
+    NO_MATCH,
+    Draft,
+    DraftBuilder,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    NgramMatch,
+    Outcome,
+)
 from .sampling import SamplingSettings
 
 SMOOTHING = 0.1  # weight of the newest cost sample in the running averages
@@ -329,11 +338,13 @@ class AdaptiveDrafter:
         rng: np.random.Generator,
         at_least: int = 0,
     ) -> Draft:
+        model = self.model
+        assert model is not None  # propose() plans model drafts only when there is a model
         draft = DraftBuilder("model")
         sequence = list(context)
         survive, expected = 1.0, 1.0  # P(all drafted so far kept); expected tokens emitted
         for k in range(max_tokens):
-            dist, sure = self.model.next_distribution(sequence, sampling)
+            dist, sure = model.next_distribution(sequence, sampling)
             keep = survive * self.acceptance.for_confidence(sure).value
             spent = (k + 1) * self.costs.draft_step
             # Keep this token only if it raises the round's expected tokens per second.
@@ -343,7 +354,7 @@ class AdaptiveDrafter:
             token = draft.add(dist, sure, sampling, rng)
             survive, expected = keep, expected + keep
             sequence.append(token)
-            if self.model.backend.is_end_of_generation(token):
+            if model.backend.is_end_of_generation(token):
                 break
         return draft.build()
 
@@ -371,7 +382,7 @@ _PROBE_TEXT = (
 
 def build_drafter(
     mode: str, target: Backend, draft_model: Backend | None, costs: CostModel | None = None
-):
+) -> Drafter:
     """The drafter for a --drafter mode:
     fixed     the draft model, always --draft-max tokens (the classic loop);
     model     the draft model, lengths chosen each round from costs and confidence;
@@ -380,6 +391,8 @@ def build_drafter(
     if mode not in DRAFTER_MODES:
         raise ValueError(f"unknown drafter mode {mode!r}")
     if mode == "fixed":
+        if draft_model is None:
+            raise ValueError("the fixed mode drafts with a draft model; none was given")
         return ModelDrafter(draft_model)
     model = ModelDrafter(draft_model) if draft_model is not None and mode != "ngram" else None
     costs = costs or measure_pair_costs(target, model.backend if model else None)

@@ -95,7 +95,9 @@ def _reply(session: ChatSession, view: render.ChatView, text: str, catch_interru
         events.close()
         if turn.record is None:
             turn.stop()
-    view.end_reply(turn.record.stats, turn.record.finish_reason)
+    record = turn.record
+    assert record is not None  # set by the Finished event, or by stop()
+    view.end_reply(record.stats, record.finish_reason)
 
 
 class _CtrlC:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -145,17 +146,36 @@ def resolve_models(
     from .adaptive import NEEDS_DRAFT_MODEL
 
     progress = render_fetch.RichFetchProgress()
-    options = {"models_file": models, "offline": offline, "progress": progress}
-    resolved = fetch.resolve_model(target or DEFAULT_TARGET, **options)
+    resolve = partial(fetch.resolve_model, models_file=models, offline=offline, progress=progress)
+    resolved = resolve(target or DEFAULT_TARGET)
     if mode not in NEEDS_DRAFT_MODEL:
         return resolved.path, None
     if draft:
-        return resolved.path, fetch.resolve_model(draft, **options).path
-    picked = fetch.pick_drafter(resolved, **options)
+        return resolved.path, resolve(draft).path
+    picked = fetch.pick_drafter(resolved, models_file=models, offline=offline, progress=progress)
     render.stderr_console().print(
         f"[dim]drafter: {picked.name} (the smallest compatible model for {resolved.name})[/dim]"
     )
     return resolved.path, picked.path
+
+
+def resolve_extra_drafts(
+    names: list[str], *, models: Path | None, offline: bool
+) -> dict[str, Path]:
+    """More drafters for bench to compare, by label."""
+    from . import fetch, render_fetch
+
+    progress = render_fetch.RichFetchProgress()
+    return {
+        draft_label(name): fetch.resolve_model(
+            name, models_file=models, offline=offline, progress=progress
+        ).path
+        for name in names
+    }
+
+
+def draft_label(name: str) -> str:
+    return Path(name).stem if name.endswith(".gguf") else name
 
 
 @app.command()
@@ -396,26 +416,22 @@ def bench(
     with user_errors():
         modes = [check_drafter_mode(mode.strip()) for mode in drafter.split(",") if mode.strip()]
         needs_model = next((m for m in modes if m in NEEDS_DRAFT_MODEL), "ngram")
-        main_draft, *extra_drafts = (draft or "").split(",") if draft else [None]
+        drafts = draft.split(",") if draft else []
+        main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
         target_path, draft_path = resolve_models(
             target, main_draft, models=models, offline=offline, mode=needs_model
         )
         request = bench_lib.BenchRequest(
             target=target_path,
             draft=draft_path,
-            extra_drafts={
-                Path(name).stem if name.endswith(".gguf") else name: resolve_models(
-                    target, name, models=models, offline=offline, mode=needs_model
-                )[1]
-                for name in extra_drafts
-            },
+            extra_drafts=resolve_extra_drafts(extra_drafts, models=models, offline=offline),
             prompts=bench_lib.select_prompts(
                 bench_lib.load_prompts(prompts), category or (), per_category
             ),
             configurations=bench_lib.configurations(
                 bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None,
                 modes,
-                [Path(name).stem if name.endswith(".gguf") else name for name in extra_drafts],
+                [draft_label(name) for name in extra_drafts],
             ),
             prompts_source=str(prompts) if prompts else "built-in suite",
             repeats=repeats,

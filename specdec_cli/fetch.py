@@ -227,7 +227,8 @@ def _hub_download(entry: ModelEntry, source: HubSource, progress: FetchProgress)
     progress.start(f"{entry.name} (hub)", entry.size)
     try:
         path = Path(
-            hf_hub_download(
+            # tqdm_class is typed as a class, but any callable that returns a bar will do.
+            hf_hub_download(  # type: ignore[call-overload]
                 source.repo,
                 source.file,
                 revision=source.revision,

@@ -255,7 +255,8 @@ class LlamaBackend:
             eos_token=self.token_text(info.eos) if info.eos >= 0 else "",
             bos_token=self.token_text(info.bos) if info.bos >= 0 else "",
         )
-        return formatter(messages=messages).prompt
+        # Typed as OpenAI-style message TypedDicts; plain role/content dicts are what it reads.
+        return formatter(messages=messages).prompt  # type: ignore[arg-type]
 
     # -- description -----------------------------------------------------------------------
 

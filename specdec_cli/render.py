@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import TextIO
+from typing import IO, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,7 +23,7 @@ def stderr_console(no_color: bool = False) -> Console:
 class AnswerStream:
     """Answer text to a stream (stdout), flushed piece by piece so pipes see it live."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
         self._ends_with_newline = True
 

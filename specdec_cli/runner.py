@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from . import render
@@ -34,7 +35,7 @@ class RunRequest:
 def run_once(request: RunRequest, *, json_output: bool) -> int:
     err = render.stderr_console()
     show_progress = err.is_terminal and not json_output
-    with err.status("loading models…", spinner="dots") if show_progress else _nothing():
+    with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
         pair, drafter = open_models(request.decode)
     prompt = prompt_tokens(
         pair.target, request.prompt, system=request.decode.system, raw=request.raw
@@ -46,24 +47,34 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     )
     answer = None if json_output else render.AnswerStream(sys.stdout)
     finished, interrupted = _consume(generation, answer)
-    comparison, plain = _verify(pair, prompt, request, finished) if request.verify else (None, None)
+    check = _check(pair, prompt, request, finished) if request.verify else None
 
-    if json_output:
-        render.print_json(sys.stdout, _record(request, finished, comparison, plain))
+    if answer is None:
+        render.print_json(sys.stdout, _record(request, finished, check))
     else:
         answer.finish_line()
         if interrupted:
             err.print("[yellow]interrupted:[/yellow] the answer above is partial.")
         if err.is_terminal or request.verify:
             render.print_stats(err, finished.stats, finished.finish_reason)
-        if comparison is not None:
-            err.print(
-                render.comparison_summary(
-                    comparison, plain.stats.tokens_per_second, finished.stats.tokens_per_second
-                ),
-                soft_wrap=True,
-            )
+        if check is not None:
+            err.print(check.summary(finished), soft_wrap=True)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+@dataclass(frozen=True)
+class Check:
+    """--verify: the answer against the target alone's."""
+
+    comparison: Comparison
+    plain: Finished
+
+    def summary(self, speculative: Finished) -> str:
+        return render.comparison_summary(
+            self.comparison,
+            self.plain.stats.tokens_per_second,
+            speculative.stats.tokens_per_second,
+        )
 
 
 def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:
@@ -74,18 +85,14 @@ def _consume(generation: Generation, answer: render.AnswerStream | None) -> tupl
         return generation.interrupted(), True
 
 
-def _verify(
-    pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished
-) -> tuple[Comparison, Finished]:
+def _check(pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished) -> Check:
     settings = request.decode.generation_settings()
     plain_generation = Generation(pair.target, prompt, settings, drafter=None)
     plain, _ = _consume(plain_generation, None)
-    return compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain
+    return Check(compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain)
 
 
-def _record(
-    request: RunRequest, finished: Finished, comparison: Comparison | None, plain: Finished | None
-) -> dict:
+def _record(request: RunRequest, finished: Finished, check: Check | None) -> dict:
     record = {
         "text": finished.text,
         "tokens": finished.tokens,
@@ -93,14 +100,9 @@ def _record(
         "stats": finished.stats.as_dict(),
         "settings": request.settings_record(),
     }
-    if comparison is not None:
-        record["verify"] = {**comparison.as_dict(), "target_alone": plain.stats.as_dict()}
+    if check is not None:
+        record["verify"] = {
+            **check.comparison.as_dict(),
+            "target_alone": check.plain.stats.as_dict(),
+        }
     return record
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
