@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader left
 
 # Options shared by run, chat and bench.
 DraftOpt = Annotated[
@@ -100,6 +101,19 @@ def user_errors():
     except KeyboardInterrupt:
         render.stderr_console().print("[yellow]interrupted[/yellow]")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:  # stdout's reader went away (`| head`): stop quietly, as Unix tools do
+        _discard_stdout()
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a file descriptor (tests capture stdout)
+        pass
 
 
 def read_prompt(argument: str | None) -> str:

@@ -210,6 +210,27 @@ def test_streamed_stdout_is_valid_utf8_when_characters_span_tokens(tmp_path):
     assert any(ord(c) > 127 and c != "\ufffd" for c in text)  # a multi-byte character made it
 
 
+def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(tiny_models):
+    process = _specdec(
+        "run",
+        "the cat",
+        "--raw",
+        "-n",
+        "100000",
+        "--ctx-size",
+        "32768",
+        "--target",
+        str(tiny_models.target),
+        "--draft",
+        str(tiny_models.close_drafter),
+    )
+    assert len(process.stdout.read(8)) == 8  # like `| head -c 8`
+    process.stdout.close()
+    process.wait(timeout=60)  # generating 100000 tokens would take far longer
+    assert process.returncode == 141
+    assert process.stderr.read() == b""
+
+
 def test_ctrl_c_keeps_the_partial_answer_and_exits_130(tiny_models):
     process = _specdec(
         "run",
