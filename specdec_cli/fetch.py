@@ -480,11 +480,6 @@ class ResolvedModel:
     name: str  # the registry name, or the file name for a path given as-is
     entry: ModelEntry | None = None  # None for a path given as-is
 
-    @property
-    def context(self) -> int | None:
-        """The registry's default context size for this model, if it has one."""
-        return self.entry.context if self.entry else None
-
 
 def resolve_model(
     spec: str,
