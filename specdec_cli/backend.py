@@ -32,6 +32,7 @@ class Backend(Protocol):
 
     n_vocab: int
     n_ctx: int
+    n_ctx_train: int  # the context length the model was trained for (0: unknown)
     cached: list[int]
     tokens_decoded: int
 
@@ -49,6 +50,10 @@ class Backend(Protocol):
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached token from position `n_keep` on."""
+        ...
+
+    def resize_context(self, n_ctx: int) -> None:
+        """A new, empty context of `n_ctx` tokens."""
         ...
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:

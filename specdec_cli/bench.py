@@ -51,6 +51,7 @@ from .session import (
     HardwareOptions,
     ModelPair,
     check_prompt_fits,
+    fit_context,
     load_drafter,
     load_pair,
     prompt_tokens,
@@ -761,6 +762,7 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         raise BadUsageError("no prompts to run.", "Check --category and --per-category.")
     progress.stage("loading models")
     pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+    fit_context(pair, request.hardware, _context_needed(pair.target, request))
     for name, path in request.extra_drafts.items():
         drafter = load_drafter(pair.target, path, request.hardware, request.force_incompatible)
         pair.alternates[name] = (drafter, None)
@@ -776,7 +778,17 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         models["draft"] = model_record(pair.drafter, request.draft)
     for name, path in request.extra_drafts.items():
         models[f"draft:{name}"] = model_record(pair.alternates[name][0], path)
-    return measure(pair, request, progress, models=models, machine=machine_info(request.hardware))
+    machine = machine_info(request.hardware, pair.target.n_ctx)
+    return measure(pair, request, progress, models=models, machine=machine)
+
+
+def _context_needed(target: Backend, request: BenchRequest) -> int:
+    """Room for the longest prompt and its answer."""
+    return max(
+        len(prompt.tokens(target, raw=request.raw, system=request.system))
+        + request.max_tokens_for(prompt)
+        for prompt in request.prompts
+    )
 
 
 def measure(
@@ -916,7 +928,7 @@ def _check(
 # --- the machine and the model files ------------------------------------------------------------
 
 
-def machine_info(hardware: HardwareOptions) -> dict:
+def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
     from . import llama_backend  # loaded already by the time a bench runs
 
     return {
@@ -932,7 +944,7 @@ def machine_info(hardware: HardwareOptions) -> dict:
         "gpu_offload_supported": llama_backend.supports_gpu_offload(),
         "gpu_layers": hardware.gpu_layers,
         "draft_gpu_layers": hardware.draft_gpu_layers,
-        "ctx_size": hardware.ctx_size,
+        "ctx_size": n_ctx,
     }
 
 

@@ -66,7 +66,16 @@ NoDraftOpt = Annotated[
     typer.Option("--no-draft", help="The target alone, through the same code, for comparison."),
 ]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads.")]
-CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", min=64, help="Context size in tokens.")]
+CtxOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        min=64,
+        help="Context size in tokens (default: what the prompt and answer need, at least 1024, "
+        "at most the model's trained length; 4096 for chat).",
+    ),
+]
 GpuLayersOpt = Annotated[
     int, typer.Option("--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1: all).")
 ]
@@ -214,7 +223,7 @@ def run(
     drafter: DrafterModeOpt = "combined",
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
@@ -330,7 +339,7 @@ def chat(
     drafter: DrafterModeOpt = "combined",
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
@@ -410,7 +419,7 @@ def bench(
     min_p: MinPOpt = 0.05,
     seed: Annotated[int, typer.Option("--seed", help="Seed of repeat 0 (then +1 per repeat).")] = 0,
     threads: ThreadsOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,

@@ -79,18 +79,21 @@ class LlamaBackend:
         self.path = Path(path)
         self._model = _load_model(self.path, n_gpu_layers)
         self._refuse_unrollbackable_memory()
-        self._ctx = self._new_context(n_ctx, n_batch, n_threads or default_threads())
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
-        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.cached: list[int] = []
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self._n_threads = n_threads or default_threads()
+        self._n_batch_wanted = n_batch
         self.tokens_decoded = 0
         self.decode_calls = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
-        self._init_batch()
+        self._open_context(n_ctx)
+
+    def resize_context(self, n_ctx: int) -> None:
+        """An empty context of `n_ctx` tokens in place of this one; the weights stay loaded."""
+        self._close_context()
+        self._open_context(n_ctx)
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -105,21 +108,25 @@ class LlamaBackend:
                 "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
             )
 
-    def _new_context(self, n_ctx: int, n_batch: int, n_threads: int):
+    def _open_context(self, n_ctx: int) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch
+        params.n_batch = params.n_ubatch = self._n_batch_wanted
         params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = n_threads
+        params.n_threads = params.n_threads_batch = self._n_threads
         params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not ctx:
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
             self.close()
             raise ModelFileError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}.",
                 "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
             )
-        return ctx
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.cached: list[int] = []
+        self._init_batch()
 
     def _init_batch(self) -> None:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -131,13 +138,16 @@ class LlamaBackend:
         for i in range(n):  # once per backend: every slot belongs to sequence 0
             self._batch.seq_id[i][0] = _SEQ
 
-    def close(self) -> None:
+    def _close_context(self) -> None:
         if getattr(self, "_batch", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+
+    def close(self) -> None:
+        self._close_context()
         if getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -187,10 +197,6 @@ class LlamaBackend:
         if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
             raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")
         del self.cached[n_keep:]
-
-    def reset(self) -> None:
-        llama_cpp.llama_memory_clear(self._memory, True)
-        self.cached.clear()
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

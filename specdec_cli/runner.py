@@ -13,7 +13,9 @@ from .session import (
     DecodeRequest,
     ModelPair,
     check_prompt_fits,
-    open_models,
+    drafter_for,
+    fit_context,
+    load_models,
     prompt_tokens,
 )
 
@@ -36,10 +38,12 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     err = render.stderr_console()
     show_progress = err.is_terminal and not json_output
     with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
-        pair, drafter = open_models(request.decode)
-    prompt = prompt_tokens(
-        pair.target, request.prompt, system=request.decode.system, raw=request.raw
-    )
+        pair = load_models(request.decode)
+        prompt = prompt_tokens(
+            pair.target, request.prompt, system=request.decode.system, raw=request.raw
+        )
+        fit_context(pair, request.decode.hardware, len(prompt) + request.decode.max_tokens)
+        drafter = drafter_for(request.decode, pair)
     check_prompt_fits(prompt, pair.target.n_ctx)
 
     generation = Generation(

@@ -19,7 +19,7 @@ from .sampling import SamplingSettings
 
 @dataclass(frozen=True)
 class HardwareOptions:
-    ctx_size: int = 4096
+    ctx_size: int | None = None  # None: as much as the text needs (see fit_context)
     threads: int | None = None
     gpu_layers: int = 0
     draft_gpu_layers: int = 0
@@ -98,22 +98,48 @@ def load_pair(
     llama_backend.set_verbose(hardware.verbose)
     target = llama_backend.LlamaBackend(
         target_path,
-        n_ctx=hardware.ctx_size,
+        n_ctx=hardware.ctx_size or MIN_CONTEXT,
         n_threads=hardware.threads,
         n_gpu_layers=hardware.gpu_layers,
     )
-    if draft_path is None:
-        return ModelPair(target, None)
-    return ModelPair(target, load_drafter(target, draft_path, hardware, force_incompatible))
+    pair = ModelPair(target, None)
+    fit_context(pair, hardware, MIN_CONTEXT)  # only a model trained on less changes
+    if draft_path is not None:
+        pair.drafter = load_drafter(target, draft_path, hardware, force_incompatible)
+    return pair
 
 
-def open_models(request: DecodeRequest) -> tuple[ModelPair, Drafter | None]:
-    """Load the pair and build the drafter its mode asks for."""
-    pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+def load_models(request: DecodeRequest) -> ModelPair:
+    return load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+
+
+def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
+    """The drafter the request's mode asks for, timed on this machine."""
     if request.drafter_mode == "none":
-        return pair, None
+        return None
     costs = pair_costs(pair, request.hardware)
-    return pair, build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
+    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
+
+
+MIN_CONTEXT = 1024
+CHAT_CONTEXT = 4096  # a conversation grows: room for several exchanges
+CONTEXT_STEP = 256  # llama.cpp pads contexts to this
+
+
+def fit_context(pair: ModelPair, hardware: HardwareOptions, needed: int) -> None:
+    """Unless --ctx-size was given, contexts of `needed` tokens: rounded up, at least
+    MIN_CONTEXT, but never longer than the target was trained for."""
+    if hardware.ctx_size is not None:
+        return
+    n_ctx = context_size(needed, pair.target.n_ctx_train)
+    for backend in pair.backends():
+        if backend.n_ctx != n_ctx:
+            backend.resize_context(n_ctx)
+
+
+def context_size(needed: int, trained: int) -> int:
+    rounded = -(-max(needed, MIN_CONTEXT) // CONTEXT_STEP) * CONTEXT_STEP
+    return min(rounded, trained) if trained > 0 else rounded
 
 
 def load_drafter(
@@ -123,7 +149,7 @@ def load_drafter(
 
     drafter = llama_backend.LlamaBackend(
         draft_path,
-        n_ctx=hardware.ctx_size,
+        n_ctx=target.n_ctx,  # the drafter follows the target through the same text
         n_threads=hardware.threads,
         n_gpu_layers=hardware.draft_gpu_layers,
     )

@@ -40,7 +40,7 @@ class FakeBackend:
         self.path: Path | None = None
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
-        self.n_ctx = n_ctx
+        self.n_ctx = self.n_ctx_train = n_ctx
         self.cached: list[int] = []
         self.end_of_generation = frozenset(end_of_generation)
         if pieces is None:
@@ -86,6 +86,9 @@ class FakeBackend:
 
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]
+
+    def resize_context(self, n_ctx: int) -> None:
+        self.n_ctx, self.cached = n_ctx, []
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
         """Greedy longest match against the pieces (no specials are ever added or parsed)."""

@@ -170,6 +170,16 @@ def test_prompt_longer_than_the_context(tiny_models):
     assert "--ctx-size" in result.stderr
 
 
+def test_the_default_context_ends_at_the_models_trained_length(tiny_models):
+    prompt = "the cat " * 150  # 452 tokens; tiny_gguf's models are trained on 512
+    room = run_json(tiny_models, prompt, "--no-draft", "-n", "100", "--ctx-size", "1024")
+    assert room["finish_reason"] == "length"
+    capped = run_json(tiny_models, prompt, "--no-draft", "-n", "100")
+    stats = capped["stats"]
+    assert capped["finish_reason"] == "context"
+    assert stats["prompt_tokens"] + stats["generated_tokens"] == 512
+
+
 def test_stop_string_cuts_the_answer(tiny_models):
     full = run_json(tiny_models, "the cat", "--no-draft", "-n", "40")["text"]
     stop = full[10:13]

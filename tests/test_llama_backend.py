@@ -116,6 +116,16 @@ def test_each_decode_status_says_what_happened(status, kind, says):
     assert ("--ctx-size" in str(error)) == (status == 1)
 
 
+def test_trained_length_and_a_resized_context(tiny_models):
+    backend = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=1)
+    assert backend.n_ctx_train == 512  # tiny_gguf's context_length
+    backend.decode([BOS_ID, 300], 1)
+    backend.resize_context(512)
+    assert (backend.n_ctx, backend.cached) == (512, [])
+    assert backend.decode([BOS_ID] + [300] * 400, 1).shape == (1, backend.n_vocab)
+    backend.close()
+
+
 def test_tokens_bytes_and_end_of_generation(target):
     tokens = target.tokenize("é", add_special=False)
     assert [byte_token_id(0xC3), byte_token_id(0xA9)] == tokens[-2:]
