@@ -46,6 +46,7 @@ from .engine import (
     Piece,
 )
 from .errors import BadUsageError, SpecdecError
+from .json_cache import read_json_cache, write_json_cache
 from .sampling import SamplingSettings
 from .session import (
     HardwareOptions,
@@ -998,19 +999,8 @@ def file_sha256(path: Path, cache_file: Path | None = None) -> str:
     cache_file = cache_file or specdec_cache_dir() / "sha256.json"
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    try:
-        known = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        known = {}  # a missing or damaged cache is rebuilt
-    if not isinstance(known, dict):
-        known = {}
+    known = read_json_cache(cache_file)
     if key not in known:
         known[key] = sha256_of(path)
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(cache_file)
-        except OSError:
-            pass  # a read-only home must not stop a benchmark
+        write_json_cache(cache_file, known)
     return known[key]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +12,7 @@ from .compat import check_compatible
 from .drafters import Drafter
 from .engine import GenerationSettings
 from .errors import ContextOverflowError
+from .json_cache import read_json_cache, write_json_cache
 from .sampling import SamplingSettings
 
 
@@ -189,7 +188,7 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions) -> CostModel:
 
     cache = specdec_cache_dir() / "decode-costs.json"
     key = _costs_key(pair, hardware)
-    entries = _read_json(cache)
+    entries = read_json_cache(cache)
     entry = entries.get(key) if key else None
     if entry and time.time() - entry["measured_at"] < COSTS_MAX_AGE_SECONDS:
         table = {int(n): seconds for n, seconds in entry["verify_seconds"].items()}
@@ -201,7 +200,7 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions) -> CostModel:
             "verify_seconds": {str(n): s for n, s in costs.verify_seconds.items()},
             "draft_step": costs.draft_step,
         }
-        _write_json_atomically(cache, entries)
+        write_json_cache(cache, entries)
     return costs
 
 
@@ -219,20 +218,3 @@ def _costs_key(pair: ModelPair, hardware: HardwareOptions) -> str | None:
         f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
     )
     return "|".join(parts)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # a missing or damaged cache is only a cache: measure again
-
-
-def _write_json_atomically(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(data, indent=1))
-        os.replace(partial, path)
-    except OSError:
-        pass  # a read-only home: the next run measures again
