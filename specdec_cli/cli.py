@@ -310,6 +310,7 @@ def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) ->
 def list_models(
     models: ModelsFileOpt = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    paths: Annotated[bool, typer.Option("--paths", help="Show where each file is.")] = False,
 ) -> None:
     """List the registry: what is downloaded where, and which drafter fits which target."""
     from . import fetch, render_fetch
@@ -317,8 +318,10 @@ def list_models(
 
     with user_errors():
         statuses = fetch.model_statuses(load_registry(models))
-        show = render_fetch.print_models_json if json_output else render_fetch.print_models_table
-        show(statuses)
+        if json_output:
+            render_fetch.print_models_json(statuses)
+        else:
+            render_fetch.print_models_table(statuses, paths=paths)
 
 
 @app.command()
