@@ -34,6 +34,7 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check specdec_cli tests
+	$(VENV)/bin/mypy
 
 bench: install
 	$(VENV)/bin/specdec bench --draft small --target large --per-category 1 --repeats 1 \

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend
-from .drafters import Draft, DraftBuilder, ModelDrafter, NgramDrafter, Outcome, ngram_draft
+from .drafters import (
+    NO_MATCH,
+    Draft,
+    DraftBuilder,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    NgramMatch,
+    Outcome,
+)
 from .sampling import SamplingSettings, TokenChooser
 
 SMOOTHING = 0.1  # weight of the newest cost sample in the running averages
@@ -244,14 +253,14 @@ class AdaptiveDrafter:
         plain_rate = 1.0 / self.costs.verify(1)
         catch_up = self._catch_up_seconds(context)
         model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
-        candidates, match_length, k, ngram_rate = self._ngram_plan(context, max_tokens)
-        if candidates:
+        match, k, ngram_rate = self._ngram_plan(context, max_tokens)
+        if self.ngram is not None and match.tokens:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
                 self.ngram_probes.paid()
-                return ngram_draft(candidates[:k], match_length)
-            if match_length >= MIN_PROBE_MATCH and self.ngram_probes.due():
+                return self.ngram.take(match, k)
+            if match.length >= MIN_PROBE_MATCH and self.ngram_probes.due():
                 self.ngram_probes.probed()
-                return ngram_draft(candidates[:PROBE_TOKENS], match_length)
+                return self.ngram.take(match, PROBE_TOKENS)
             self.ngram_probes.skipped()
         if self.model is None:
             return Draft.empty()
@@ -291,18 +300,16 @@ class AdaptiveDrafter:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
-    def _ngram_plan(
-        self, context: Sequence[int], max_tokens: int
-    ) -> tuple[list[int], int, int, float]:
-        """Candidate tokens, their match length, the best length to use (0: none), its rate."""
+    def _ngram_plan(self, context: Sequence[int], max_tokens: int) -> tuple[NgramMatch, int, float]:
+        """The match (looked up, not taken), the best length to use (0: none), its rate."""
         if self.ngram is None:
-            return [], 0, 0, 0.0
-        tokens, n = self.ngram.candidates(context, max_tokens)
-        if not tokens:
-            return [], 0, 0, 0.0
-        first = self.acceptance.for_ngram(n).value
-        k, rate = self._best_length(first, self.acceptance.ngram_next.value, len(tokens), 0.0)
-        return tokens, n, k, rate
+            return NO_MATCH, 0, 0.0
+        match = self.ngram.candidates(context, max_tokens)
+        if not match.tokens:
+            return match, 0, 0.0
+        first = self.acceptance.for_ngram(match.length).value
+        k, rate = self._best_length(first, self.acceptance.ngram_next.value, len(match.tokens), 0.0)
+        return match, k, rate
 
     def _model_acceptance(self) -> tuple[float, float]:
         return self.acceptance.model_first.value, self.acceptance.by_confidence[-2].value
@@ -331,11 +338,13 @@ class AdaptiveDrafter:
         chooser: TokenChooser,
         at_least: int = 0,
     ) -> Draft:
+        model = self.model
+        assert model is not None  # propose() plans model drafts only when there is a model
         draft = DraftBuilder("model")
         sequence = list(context)
         survive, expected = 1.0, 1.0  # P(all drafted so far kept); expected tokens emitted
         for k in range(max_tokens):
-            dist, sure = self.model.next_distribution(sequence, sampling)
+            dist, sure = model.next_distribution(sequence, sampling)
             keep = survive * self.acceptance.for_confidence(sure).value
             spent = (k + 1) * self.costs.draft_step
             # Keep this token only if it raises the round's expected tokens per second.
@@ -345,7 +354,7 @@ class AdaptiveDrafter:
             token = draft.add(dist, sure, chooser, position=len(sequence))
             survive, expected = keep, expected + keep
             sequence.append(token)
-            if self.model.backend.is_end_of_generation(token):
+            if model.backend.is_end_of_generation(token):
                 break
         return draft.build()
 
@@ -373,7 +382,7 @@ _PROBE_TEXT = (
 
 def build_drafter(
     mode: str, target: Backend, draft_model: Backend | None, costs: CostModel | None = None
-):
+) -> Drafter:
     """The drafter for a --drafter mode:
     fixed     the draft model, always --draft-max tokens (the classic loop);
     model     the draft model, lengths chosen each round from costs and confidence;
@@ -382,6 +391,8 @@ def build_drafter(
     if mode not in DRAFTER_MODES:
         raise ValueError(f"unknown drafter mode {mode!r}")
     if mode == "fixed":
+        if draft_model is None:
+            raise ValueError("the fixed mode drafts with a draft model; none was given")
         return ModelDrafter(draft_model)
     model = ModelDrafter(draft_model) if draft_model is not None and mode != "ngram" else None
     costs = costs or measure_pair_costs(target, model.backend if model else None)

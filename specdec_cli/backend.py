@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -21,15 +22,25 @@ class VocabInfo:
     add_eos: bool
 
 
+@runtime_checkable
 class Backend(Protocol):
     """A loaded model with one KV-cache sequence.
 
-    `cached` is the list of tokens whose keys and values are in the cache, in order.
+    `cached` is the list of tokens whose keys and values are in the cache, in order;
+    `tokens_decoded` counts every token the model has evaluated (cache reuse shows in it).
     """
 
     n_vocab: int
     n_ctx: int
+    n_ctx_train: int  # the context length the model was trained for (0: unknown)
     cached: list[int]
+    tokens_decoded: int
+    exact: bool  # small batches decoded with batch-invariant kernels (llama_backend)
+
+    @property
+    def path(self) -> Path | None:
+        """The model file; None for a backend not loaded from one (tests)."""
+        ...
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logit_rows` of them.
@@ -42,7 +53,14 @@ class Backend(Protocol):
         """Drop every cached token from position `n_keep` on."""
         ...
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]: ...
+    def resize_context(self, n_ctx: int) -> None:
+        """A new, empty context of `n_ctx` tokens."""
+        ...
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
+        """`add_special`: add the model's BOS/EOS as it would to a text; `parse_special`:
+        read special tokens written in the text (<|im_start|>) as themselves."""
+        ...
 
     def token_bytes(self, token: int) -> bytes: ...
 
@@ -53,6 +71,32 @@ class Backend(Protocol):
     def token_text(self, token: int) -> str:
         """The token's text as stored in the vocabulary (used for compatibility checks)."""
         ...
+
+    def chat_template(self) -> str | None:
+        """The model's own chat template, or None if it has none."""
+        ...
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        """`messages` rendered through the chat template, ready for the assistant's reply."""
+        ...
+
+    def describe(self) -> dict:
+        """What the model is, for reports: path, description, parameters, bytes, n_vocab, n_ctx."""
+        ...
+
+    def close(self) -> None:
+        """Free the model now rather than when it is collected."""
+        ...
+
+
+def encode_chat(backend: Backend, messages: list[dict[str, str]]) -> list[int]:
+    """`messages` through the model's chat template, as tokens."""
+    return encode_template_text(backend, backend.format_chat(messages))
+
+
+def encode_template_text(backend: Backend, text: str) -> list[int]:
+    # Rendered templates spell their own BOS and turn markers: read them, add nothing.
+    return backend.tokenize(text, add_special=False, parse_special=True)
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

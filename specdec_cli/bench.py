@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,11 +34,12 @@ from .adaptive import (
     default_draft_max,
     measure_pair_costs,
 )
-from .backend import Backend
+from .backend import Backend, encode_chat
 from .comparison import Comparison, compare_outputs
 from .drafters import Drafter
 from .engine import (
     Finished,
+    FinishReason,
     Generation,
     GenerationSettings,
     GenerationStats,
@@ -46,11 +47,13 @@ from .engine import (
     SamplingRule,
 )
 from .errors import BadUsageError, SpecdecError
+from .json_cache import read_json_cache, write_json_cache
 from .sampling import SamplingSettings
 from .session import (
     HardwareOptions,
     ModelPair,
     check_prompt_fits,
+    fit_context,
     load_drafter,
     load_pair,
     prompt_tokens,
@@ -98,8 +101,7 @@ class BenchPrompt:
         if raw:  # no template: the contents as plain text
             text = "\n\n".join(m["content"] for m in self.messages)
             return target.tokenize(text, add_special=True)
-        rendered = target.format_chat([dict(m) for m in self.messages])
-        return target.tokenize(rendered, add_special=False, parse_special=True)
+        return encode_chat(target, [dict(m) for m in self.messages])
 
 
 _PROMPT_FIELDS = {"id", "category", "text", "messages", "system", "max_tokens"}
@@ -371,7 +373,7 @@ class RunRecord:
     seed: int
     tokens: list[int]
     text: str
-    finish_reason: str
+    finish_reason: FinishReason
     stats: GenerationStats
 
     def as_dict(self) -> dict:
@@ -407,25 +409,23 @@ class Aggregate:
     @classmethod
     def of(cls, records: Sequence[RunRecord]) -> Aggregate:
         stats = [r.stats for r in records]
-        lengths: Counter = Counter()
-        sources: Counter = Counter()
+        total = GenerationStats()
         for s in stats:
-            lengths.update(s.draft_lengths)
-            sources.update(s.draft_sources)
+            total.merge(s)
         first = [s.first_token_seconds for s in stats if s.first_token_seconds is not None]
         return cls(
             runs=len(stats),
-            generated=sum(s.generated for s in stats),
-            seconds=sum(s.seconds for s in stats),
+            generated=total.generated,
+            seconds=total.seconds,
             tokens_per_second=_median([s.tokens_per_second for s in stats]),
             first_token_seconds=_median(first),
-            drafted=sum(s.drafted for s in stats),
-            accepted=sum(s.accepted for s in stats),
-            target_passes=sum(s.target_passes for s in stats),
-            draft_seconds=sum(s.draft_seconds for s in stats),
-            verify_seconds=sum(s.verify_seconds for s in stats),
-            draft_lengths={str(k): v for k, v in sorted(lengths.items())},
-            draft_sources=dict(sources),
+            drafted=total.drafted,
+            accepted=total.accepted,
+            target_passes=total.target_passes,
+            draft_seconds=total.draft_seconds,
+            verify_seconds=total.verify_seconds,
+            draft_lengths={str(k): v for k, v in sorted(total.draft_lengths.items())},
+            draft_sources=dict(total.draft_sources),
         )
 
     @property
@@ -653,13 +653,11 @@ class BenchReport:
     @staticmethod
     def best(rows: Sequence[Row]) -> dict[str, str]:
         """The configuration with the highest speedup, per row name."""
-        best: dict[str, Row] = {}
+        best: dict[str, tuple[float, str]] = {}
         for row in rows:
-            if row.speedup is None:
-                continue
-            if row.name not in best or row.speedup.value > best[row.name].speedup.value:
-                best[row.name] = row
-        return {name: row.configuration for name, row in best.items()}
+            if row.speedup is not None and row.speedup.value > best.get(row.name, (-1.0, ""))[0]:
+                best[row.name] = (row.speedup.value, row.configuration)
+        return {name: configuration for name, (_, configuration) in best.items()}
 
     def as_dict(self) -> dict:
         category_rows, suite_rows = self.category_rows(), self.suite_rows()
@@ -775,6 +773,7 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         raise BadUsageError("no prompts to run.", "Check --category and --per-category.")
     progress.stage("loading models")
     pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+    fit_context(pair, request.hardware, _context_needed(pair.target, request))
     for name, path in request.extra_drafts.items():
         drafter = load_drafter(pair.target, path, request.hardware, request.force_incompatible)
         pair.alternates[name] = (drafter, None)
@@ -790,7 +789,17 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         models["draft"] = model_record(pair.drafter, request.draft)
     for name, path in request.extra_drafts.items():
         models[f"draft:{name}"] = model_record(pair.alternates[name][0], path)
-    return measure(pair, request, progress, models=models, machine=machine_info(request.hardware))
+    machine = machine_info(request.hardware, pair.target.n_ctx)
+    return measure(pair, request, progress, models=models, machine=machine)
+
+
+def _context_needed(target: Backend, request: BenchRequest) -> int:
+    """Room for the longest prompt and its answer."""
+    return max(
+        len(prompt.tokens(target, raw=request.raw, system=request.system))
+        + request.max_tokens_for(prompt)
+        for prompt in request.prompts
+    )
 
 
 def measure(
@@ -919,14 +928,16 @@ def _generate(
         drafter = make_drafter(configuration, pair)
         generation = Generation(pair.target, prompt, configuration.settings(base), drafter)
     emitted = 0
-    for event in generation.events():
-        if isinstance(event, Piece) and event.token is not None:
+
+    def advance(piece: Piece) -> None:
+        nonlocal emitted
+        if piece.token is not None:
             emitted += 1
             progress.advance(1)
-        elif isinstance(event, Finished):
-            progress.advance(max(0, base.max_tokens - emitted))  # a run that stopped early
-            return event
-    raise RuntimeError("generation ended without a Finished event")
+
+    finished = generation.run(advance)
+    progress.advance(max(0, base.max_tokens - emitted))  # a run that stopped early
+    return finished
 
 
 def _check(
@@ -948,7 +959,7 @@ def _check(
 # --- the machine and the model files ------------------------------------------------------------
 
 
-def machine_info(hardware: HardwareOptions) -> dict:
+def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
     from . import llama_backend  # loaded already by the time a bench runs
 
     return {
@@ -964,7 +975,7 @@ def machine_info(hardware: HardwareOptions) -> dict:
         "gpu_offload_supported": llama_backend.supports_gpu_offload(),
         "gpu_layers": hardware.gpu_layers,
         "draft_gpu_layers": hardware.draft_gpu_layers,
-        "ctx_size": hardware.ctx_size,
+        "ctx_size": n_ctx,
     }
 
 
@@ -1002,14 +1013,12 @@ def model_record(backend: Backend, path: Path) -> dict:
         "size_bytes": path.stat().st_size,
         "sha256": file_sha256(path),
     }
-    describe: Callable[[], dict] | None = getattr(backend, "describe", None)
-    if describe is not None:
-        info = describe()
-        record.update(
-            description=info.get("description"),
-            parameters=info.get("parameters"),
-            n_vocab=info.get("n_vocab"),
-        )
+    info = backend.describe()
+    record.update(
+        description=info.get("description"),
+        parameters=info.get("parameters"),
+        n_vocab=info.get("n_vocab"),
+    )
     return record
 
 
@@ -1020,19 +1029,8 @@ def file_sha256(path: Path, cache_file: Path | None = None) -> str:
     cache_file = cache_file or specdec_cache_dir() / "sha256.json"
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    try:
-        known = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        known = {}  # a missing or damaged cache is rebuilt
-    if not isinstance(known, dict):
-        known = {}
+    known = read_json_cache(cache_file)
     if key not in known:
         known[key] = sha256_of(path)
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(cache_file)
-        except OSError:
-            pass  # a read-only home must not stop a benchmark
+        write_json_cache(cache_file, known)
     return known[key]

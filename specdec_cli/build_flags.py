@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 
 # /proc/cpuinfo flag -> the ggml option it allows
 X86_FEATURES = {
@@ -65,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from .backend import common_prefix_length
+from .backend import Backend, common_prefix_length, encode_template_text
 from .drafters import Drafter, ModelDrafter
-from .engine import Finished, Generation, GenerationSettings, GenerationStats
+from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
 from .session import ModelPair, check_prompt_fits
 
@@ -41,7 +42,9 @@ class CommandError(BadUsageError):
 @dataclass(frozen=True)
 class Command:
     name: str  # "help", "reset", "system", "draft", "temp", "stats", "save", "exit"
-    value: str | int | float | None = None
+    # Its type follows the name: str (or None) for system, str for save, int for draft,
+    # float for temp; parse_command guarantees it, which a union would hide from the checker.
+    value: Any = None
 
 
 def parse_command(line: str) -> Command | None:
@@ -102,7 +105,7 @@ class TurnRecord:
     target_decoded: int | None  # tokens the target evaluated this turn (None: backend can't say)
     drafter_decoded: int | None
     dropped_exchanges: int
-    finish_reason: str
+    finish_reason: FinishReason
     stats: GenerationStats
 
 
@@ -175,10 +178,10 @@ class ChatSession:
             drafter = ModelDrafter(pair.drafter)
         self._drafter = drafter
         self._known: _Known | None = None
-        if getattr(pair.target, "chat_template", lambda: "")() is None:
+        if pair.target.chat_template() is None:
+            name = pair.target.path.name if pair.target.path else "the target"
             raise ModelFileError(
-                f"{Path(getattr(pair.target, 'path', 'the target')).name} has no chat template "
-                "in its metadata, so it cannot hold a conversation.",
+                f"{name} has no chat template in its metadata, so it cannot hold a conversation.",
                 "Use a chat/instruct model, or `specdec run --raw` for plain completion.",
             )
 
@@ -247,16 +250,16 @@ class ChatSession:
         known = self._known
         if known is not None and rendered.startswith(known.text):
             tail = rendered[len(known.text) :]
-            return rendered, known.tokens + target.tokenize(
-                tail, add_special=False, parse_special=True
-            )
+            return rendered, known.tokens + encode_template_text(target, tail)
         # First turn, or the history changed (reset, new system message, dropped turns).
-        return rendered, target.tokenize(rendered, add_special=False, parse_special=True)
+        return rendered, encode_template_text(target, rendered)
 
     def _finish(self, turn: Turn, finished: Finished) -> TurnRecord:
         generation = turn.generation
         reply = finished.text
-        self.exchanges.append(Exchange(turn.user, reply, finished.finish_reason == "interrupted"))
+        self.exchanges.append(
+            Exchange(turn.user, reply, finished.finish_reason == FinishReason.INTERRUPTED)
+        )
         # The reply's tokens stand for its text only if they spell it exactly (not when a
         # stop string cut the text, or a character was left incomplete).
         spelled = b"".join(self.pair.target.token_bytes(t) for t in finished.tokens)
@@ -280,14 +283,12 @@ class ChatSession:
             stats=finished.stats,
         )
         self.records.append(record)
-        _accumulate(self.totals, finished.stats)
+        self.totals.merge(finished.stats)
         return record
 
-    def _decoded_counts(self) -> tuple[int | None, int | None]:
-        return tuple(  # type: ignore[return-value]
-            getattr(b, "tokens_decoded", None) if b is not None else None
-            for b in (self.pair.target, self.pair.drafter)
-        )
+    def _decoded_counts(self) -> tuple[int, int | None]:
+        drafter = self.pair.drafter
+        return self.pair.target.tokens_decoded, None if drafter is None else drafter.tokens_decoded
 
     def _resync_caches(self) -> None:
         """After an interruption, drop any KV entries past what each backend lists as cached
@@ -317,10 +318,8 @@ class ChatSession:
                 "seed": self.settings.seed,
             },
             "models": {
-                "target": str(getattr(self.pair.target, "path", "")),
-                "draft": None
-                if self.pair.drafter is None
-                else str(getattr(self.pair.drafter, "path", "")),
+                "target": _path_text(self.pair.target),
+                "draft": None if self.pair.drafter is None else _path_text(self.pair.drafter),
             },
             "totals": self.totals.as_dict(),
         }
@@ -342,6 +341,10 @@ class ChatSession:
         return path
 
 
+def _path_text(backend: Backend) -> str:
+    return "" if backend.path is None else str(backend.path)
+
+
 def transcript_markdown(record: dict) -> str:
     lines = ["# specdec chat", ""]
     models = record["models"]
@@ -356,15 +359,3 @@ def transcript_markdown(record: dict) -> str:
             heading += " (interrupted)"
         lines += [heading, "", message["content"], ""]
     return "\n".join(lines)
-
-
-def _accumulate(totals: GenerationStats, stats: GenerationStats) -> None:
-    totals.generated += stats.generated
-    totals.drafted += stats.drafted
-    totals.accepted += stats.accepted
-    totals.target_passes += stats.target_passes
-    totals.seconds += stats.seconds
-    totals.draft_seconds += stats.draft_seconds
-    totals.verify_seconds += stats.verify_seconds
-    totals.draft_lengths.update(stats.draft_lengths)
-    totals.draft_sources.update(stats.draft_sources)

@@ -13,7 +13,7 @@ from . import render
 from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
 from .engine import Piece
 from .errors import SpecdecError
-from .session import DecodeRequest, open_models
+from .session import CHAT_CONTEXT, DecodeRequest, drafter_for, fit_context, load_models
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,9 @@ def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
     view = render.ChatView.terminal(request.no_color) if interactive else render.ChatView.scripted()
     decode = request.decode
     with view.loading():
-        pair, drafter = open_models(decode)
+        pair = load_models(decode)
+        fit_context(pair, decode.hardware, CHAT_CONTEXT)
+        drafter = drafter_for(decode, pair)
     session = ChatSession(pair, decode.generation_settings(), decode.system, drafter=drafter)
     drafter_label = decode.draft.name if decode.draft else None
     if decode.drafter_mode == "ngram":
@@ -95,7 +97,9 @@ def _reply(session: ChatSession, view: render.ChatView, text: str, catch_interru
         events.close()
         if turn.record is None:
             turn.stop()
-    view.end_reply(turn.record.stats, turn.record.finish_reason)
+    record = turn.record
+    assert record is not None  # set by the Finished event, or by stop()
+    view.end_reply(record.stats, record.finish_reason)
 
 
 class _CtrlC:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader left
 
 # Options shared by run, chat and bench.
 DraftOpt = Annotated[
@@ -64,7 +66,16 @@ NoDraftOpt = Annotated[
     typer.Option("--no-draft", help="The target alone, through the same code, for comparison."),
 ]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads.")]
-CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", min=64, help="Context size in tokens.")]
+CtxOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        min=64,
+        help="Context size in tokens (default: what the prompt and answer need, at least 1024, "
+        "at most the model's trained length; 4096 for chat).",
+    ),
+]
 GpuLayersOpt = Annotated[
     int, typer.Option("--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1: all).")
 ]
@@ -117,6 +128,19 @@ def user_errors():
     except KeyboardInterrupt:
         render.stderr_console().print("[yellow]interrupted[/yellow]")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:  # stdout's reader went away (`| head`): stop quietly, as Unix tools do
+        _discard_stdout()
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a file descriptor (tests capture stdout)
+        pass
 
 
 def read_prompt(argument: str | None) -> str:
@@ -173,17 +197,36 @@ def resolve_models(
     from .adaptive import NEEDS_DRAFT_MODEL
 
     progress = render_fetch.RichFetchProgress()
-    options = {"models_file": models, "offline": offline, "progress": progress}
-    resolved = fetch.resolve_model(target or DEFAULT_TARGET, **options)
+    resolve = partial(fetch.resolve_model, models_file=models, offline=offline, progress=progress)
+    resolved = resolve(target or DEFAULT_TARGET)
     if mode not in NEEDS_DRAFT_MODEL:
         return resolved.path, None
     if draft:
-        return resolved.path, fetch.resolve_model(draft, **options).path
-    picked = fetch.pick_drafter(resolved, **options)
+        return resolved.path, resolve(draft).path
+    picked = fetch.pick_drafter(resolved, models_file=models, offline=offline, progress=progress)
     render.stderr_console().print(
         f"[dim]drafter: {picked.name} (the smallest compatible model for {resolved.name})[/dim]"
     )
     return resolved.path, picked.path
+
+
+def resolve_extra_drafts(
+    names: list[str], *, models: Path | None, offline: bool
+) -> dict[str, Path]:
+    """More drafters for bench to compare, by label."""
+    from . import fetch, render_fetch
+
+    progress = render_fetch.RichFetchProgress()
+    return {
+        draft_label(name): fetch.resolve_model(
+            name, models_file=models, offline=offline, progress=progress
+        ).path
+        for name in names
+    }
+
+
+def draft_label(name: str) -> str:
+    return Path(name).stem if name.endswith(".gguf") else name
 
 
 @app.command()
@@ -208,7 +251,7 @@ def run(
     drafter: DrafterModeOpt = "combined",
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
@@ -300,6 +343,7 @@ def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) ->
 def list_models(
     models: ModelsFileOpt = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    paths: Annotated[bool, typer.Option("--paths", help="Show where each file is.")] = False,
 ) -> None:
     """List the registry: what is downloaded where, and which drafter fits which target."""
     from . import fetch, render_fetch
@@ -307,8 +351,10 @@ def list_models(
 
     with user_errors():
         statuses = fetch.model_statuses(load_registry(models))
-        show = render_fetch.print_models_json if json_output else render_fetch.print_models_table
-        show(statuses)
+        if json_output:
+            render_fetch.print_models_json(statuses)
+        else:
+            render_fetch.print_models_table(statuses, paths=paths)
 
 
 @app.command()
@@ -329,7 +375,7 @@ def chat(
     drafter: DrafterModeOpt = "combined",
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
@@ -414,7 +460,7 @@ def bench(
     min_p: MinPOpt = 0.05,
     seed: Annotated[int, typer.Option("--seed", help="Seed of repeat 0 (then +1 per repeat).")] = 0,
     threads: ThreadsOpt = None,
-    ctx_size: CtxOpt = 4096,
+    ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
@@ -436,26 +482,22 @@ def bench(
     with user_errors():
         modes = [check_drafter_mode(mode.strip()) for mode in drafter.split(",") if mode.strip()]
         needs_model = next((m for m in modes if m in NEEDS_DRAFT_MODEL), "ngram")
-        main_draft, *extra_drafts = (draft or "").split(",") if draft else [None]
+        drafts = draft.split(",") if draft else []
+        main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
         target_path, draft_path = resolve_models(
             target, main_draft, models=models, offline=offline, mode=needs_model
         )
         request = bench_lib.BenchRequest(
             target=target_path,
             draft=draft_path,
-            extra_drafts={
-                Path(name).stem if name.endswith(".gguf") else name: resolve_models(
-                    target, name, models=models, offline=offline, mode=needs_model
-                )[1]
-                for name in extra_drafts
-            },
+            extra_drafts=resolve_extra_drafts(extra_drafts, models=models, offline=offline),
             prompts=bench_lib.select_prompts(
                 bench_lib.load_prompts(prompts), category or (), per_category
             ),
             configurations=bench_lib.configurations(
                 bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None,
                 modes,
-                [Path(name).stem if name.endswith(".gguf") else name for name in extra_drafts],
+                [draft_label(name) for name in extra_drafts],
                 exact=exact,
             ),
             prompts_source=str(prompts) if prompts else "built-in suite",

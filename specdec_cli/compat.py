@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .backend import Backend
+from .backend import Backend, VocabInfo
 from .errors import IncompatibleModelsError
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
@@ -23,13 +23,9 @@ def check_compatible(target: Backend, drafter: Backend) -> None:
             f"({t.vocab_type}).",
             _FIX,
         )
-    for field in ("bos", "eos", "add_bos", "add_eos"):
-        if getattr(t, field) != getattr(d, field):
-            raise IncompatibleModelsError(
-                f"the drafter's {field} ({getattr(d, field)}) differs from the target's "
-                f"({getattr(t, field)}).",
-                _FIX,
-            )
+    difference = special_token_difference(t, d)
+    if difference:
+        raise IncompatibleModelsError(difference, _FIX)
     if abs(t.n_vocab - d.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
         raise IncompatibleModelsError(
             f"the drafter's vocabulary has {d.n_vocab} tokens, the target's {t.n_vocab} "
@@ -44,3 +40,22 @@ def check_compatible(target: Backend, drafter: Backend) -> None:
                 "for the drafter: the vocabularies differ.",
                 _FIX,
             )
+
+
+def special_token_difference(t: VocabInfo, d: VocabInfo) -> str | None:
+    """Whether both models add BOS (EOS) to a text must agree, and then which token it is;
+    an id that neither model adds never reaches a prompt, so it may differ (llama.cpp's rule)."""
+    for token in ("bos", "eos"):
+        adds_t, adds_d = getattr(t, f"add_{token}"), getattr(d, f"add_{token}")
+        if adds_t != adds_d:
+            return (
+                f"the drafter {'adds' if adds_d else 'does not add'} {token.upper()} to a text "
+                f"but the target {'does' if adds_t else 'does not'}."
+            )
+        id_t, id_d = getattr(t, token), getattr(d, token)
+        if adds_t and id_t != id_d:
+            return (
+                f"the drafter's {token.upper()} token is {id_d}, the target's {id_t}, and both "
+                "add it to every text."
+            )
+    return None

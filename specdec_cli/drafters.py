@@ -6,7 +6,7 @@ import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Outcome:
     includes_prompt: bool  # the first round also decoded the prompt: not a verify cost
 
 
+@runtime_checkable
 class Drafter(Protocol):
     def propose(
         self,
@@ -51,7 +52,9 @@ class Drafter(Protocol):
         chooser: TokenChooser,
     ) -> Draft: ...
 
-    # Optionally: `observe(outcome: Outcome) -> None`, called after each verification.
+    def observe(self, outcome: Outcome) -> None:
+        """Called after each verification, with what the target made of the draft."""
+        ...
 
 
 @dataclass
@@ -164,8 +167,9 @@ class NgramIndex:
         for n in range(1, min(self.max_n, end + 1) + 1):
             self._ends.setdefault(tuple(self._tokens[end - n + 1 :]), []).append(end)
 
-    def continuation(self, max_tokens: int) -> tuple[list[int], int]:
-        """The tokens that followed the longest earlier match of the text's ending, and n."""
+    def lookup(self, max_tokens: int) -> NgramMatch:
+        """The tokens that followed the longest earlier match of the text's ending. Only
+        looks: planning a draft that is then not proposed must not change later lookups."""
         last = len(self._tokens) - 1
         for n in range(min(self.max_n, len(self._tokens)), self.min_n - 1, -1):
             ends = self._ends.get(tuple(self._tokens[last - n + 1 :]), [])
@@ -173,9 +177,23 @@ class NgramIndex:
             if earlier:
                 following = bisect.bisect_right(earlier, self._cursor)
                 end = earlier[following] if following < len(earlier) else earlier[-1]
-                self._cursor = end
-                return self._tokens[end + 1 : end + 1 + max_tokens], n
-        return [], 0
+                return NgramMatch(tuple(self._tokens[end + 1 : end + 1 + max_tokens]), n, end)
+        return NO_MATCH
+
+    def take(self, match: NgramMatch) -> None:
+        """`match` is being proposed: later lookups prefer occurrences after it."""
+        if match.tokens:
+            self._cursor = match.end
+
+
+@dataclass(frozen=True)
+class NgramMatch:
+    tokens: tuple[int, ...]  # what followed the earlier occurrence
+    length: int  # n: how many tokens of the text's ending matched (0: no match)
+    end: int  # where the earlier occurrence ended
+
+
+NO_MATCH = NgramMatch((), 0, -1)
 
 
 @dataclass
@@ -185,9 +203,14 @@ class NgramDrafter:
 
     index: NgramIndex = field(default_factory=NgramIndex)
 
-    def candidates(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+    def candidates(self, context: Sequence[int], max_tokens: int) -> NgramMatch:
         self.index.sync(context)
-        return self.index.continuation(max_tokens)
+        return self.index.lookup(max_tokens)
+
+    def take(self, match: NgramMatch, n_tokens: int) -> Draft:
+        """The draft of the first `n_tokens` of `match`, proposed."""
+        self.index.take(match)
+        return ngram_draft(match.tokens[:n_tokens], match.length)
 
     def propose(
         self,
@@ -196,13 +219,12 @@ class NgramDrafter:
         sampling: SamplingSettings,
         chooser: TokenChooser,
     ) -> Draft:
-        tokens, n = self.candidates(context, max_tokens)
-        return ngram_draft(tokens, n)
+        return self.take(self.candidates(context, max_tokens), max_tokens)
 
     def observe(self, outcome: Outcome) -> None:
         pass
 
 
-def ngram_draft(tokens: list[int], match_length: int) -> Draft:
+def ngram_draft(tokens: Sequence[int], match_length: int) -> Draft:
     dists = [Distribution.point(token) for token in tokens]
     return Draft(list(tokens), dists, "ngram", match_length=match_length)

@@ -6,7 +6,7 @@ import codecs
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -16,6 +16,7 @@ from .backend import Backend, logits_for_suffix
 from .drafters import Draft, Drafter, Outcome
 from .sampling import (
     AcceptanceRule,
+    Distribution,
     GumbelChooser,
     RandomChooser,
     SamplingSettings,
@@ -46,6 +47,17 @@ class SamplingRule(str, Enum):
 
     INVARIANT = "invariant"
     CLASSIC = "classic"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # the model ended its answer
+    STOP_STRING = "stop_string"  # the text reached one of the stop strings
+    LENGTH = "length"  # max_tokens
+    CONTEXT = "context"  # the context window is full
+    INTERRUPTED = "interrupted"  # the consumer stopped early (Ctrl-C)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,19 @@ class GenerationStats:
         self.draft_lengths[r.drafted] += 1
         self.draft_sources[r.source] += 1
 
+    def merge(self, other: GenerationStats) -> None:
+        """Add another generation's counts and times to these. `prompt_tokens` and
+        `first_token_seconds` describe a single generation and stay as they are."""
+        self.generated += other.generated
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.target_passes += other.target_passes
+        self.seconds += other.seconds
+        self.draft_seconds += other.draft_seconds
+        self.verify_seconds += other.verify_seconds
+        self.draft_lengths.update(other.draft_lengths)
+        self.draft_sources.update(other.draft_sources)
+
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -139,7 +164,7 @@ class GenerationStats:
 class Finished:
     text: str
     tokens: list[int]
-    finish_reason: str  # "stop", "stop_string", "length", "context"
+    finish_reason: FinishReason
     stats: GenerationStats
 
 
@@ -185,22 +210,21 @@ def _fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def _chooser(rule: SamplingRule, seed: int) -> TokenChooser:
-    if rule == SamplingRule.INVARIANT:
-        return GumbelChooser(seed)
-    return RandomChooser(np.random.default_rng(seed))
+def _chooser(rule: SamplingRule, seed: int, rng: np.random.Generator) -> TokenChooser:
+    return GumbelChooser(seed) if rule == SamplingRule.INVARIANT else RandomChooser(rng)
 
 
 class _LazyDistributions(Sequence):
     """Target distributions per verified row, computed only for rows the rule reaches."""
 
     def __init__(self, rows: np.ndarray, sampling: SamplingSettings) -> None:
-        self._rows, self._sampling, self._cache = rows, sampling, {}
+        self._rows, self._sampling = rows, sampling
+        self._cache: dict[int, Distribution] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if i not in self._cache:
             self._cache[i] = distribution(self._rows[i], self._sampling)
         return self._cache[i]
@@ -226,7 +250,8 @@ class Generation:
         self.tokens: list[int] = []
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self.seed = settings.seed if settings.seed is not None else _fresh_seed()
-        self._chooser = _chooser(settings.rule, self.seed)
+        self._rng = np.random.default_rng(self.seed)
+        self._chooser = _chooser(settings.rule, self.seed, self._rng)
         self._text = _TextAssembler(settings.stop)
         self._n_ctx = target.n_ctx
         self._started: float | None = None
@@ -239,11 +264,20 @@ class Generation:
         """What was produced before the consumer stopped iterating (Ctrl-C)."""
         if self._started is not None:
             self.stats.seconds = time.perf_counter() - self._started
-        return Finished(self.text, list(self.tokens), "interrupted", self.stats)
+        return Finished(self.text, list(self.tokens), FinishReason.INTERRUPTED, self.stats)
+
+    def run(self, on_piece: Callable[[Piece], None] | None = None) -> Finished:
+        """Generate to the end, handing each piece of text to `on_piece`."""
+        for event in self.events():
+            if isinstance(event, Piece) and on_piece is not None:
+                on_piece(event)
+            elif isinstance(event, Finished):
+                return event
+        raise AssertionError("events() always ends with Finished")
 
     def events(self) -> Iterator[Event]:
         start = self._started = time.perf_counter()
-        finish_reason = None
+        finish_reason: FinishReason | None = None
         while finish_reason is None:
             room = min(
                 self.settings.max_tokens - len(self.tokens),
@@ -251,15 +285,18 @@ class Generation:
             )
             if room <= 0:
                 finish_reason = (
-                    "length" if len(self.tokens) >= self.settings.max_tokens else "context"
+                    FinishReason.LENGTH
+                    if len(self.tokens) >= self.settings.max_tokens
+                    else FinishReason.CONTEXT
                 )
                 break
             draft, draft_seconds = self._draft(room - 1)
             first_round = self.stats.target_passes == 0
             verdict, verify_seconds = self._verify(draft)
-            observe = getattr(self.drafter, "observe", None)  # optional for simple drafters
-            if observe is not None:
-                observe(Outcome(draft, verdict.n_accepted, verify_seconds, first_round))
+            if self.drafter is not None:
+                self.drafter.observe(
+                    Outcome(draft, verdict.n_accepted, verify_seconds, first_round)
+                )
             accepted = draft.tokens[: verdict.n_accepted]
             round_ = Round(
                 len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds
@@ -271,7 +308,7 @@ class Generation:
                 yield piece
                 if finish_reason:
                     break
-        tail = self._text.flush() if finish_reason != "stop_string" else ""
+        tail = self._text.flush() if finish_reason != FinishReason.STOP_STRING else ""
         if tail:
             yield Piece(None, TokenKind.TARGET, tail)
         self.stats.seconds = time.perf_counter() - start
@@ -303,7 +340,7 @@ class Generation:
             position = len(self.prompt) + len(self.tokens)
             verdict = invariant_accept(draft.tokens, targets, self._chooser, position)
         else:
-            verdict = self.acceptance(draft.tokens, draft.dists, targets, self._chooser.rng)
+            verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
         return verdict, time.perf_counter() - began
 
     @staticmethod
@@ -317,12 +354,12 @@ class Generation:
         else:
             yield next_token, TokenKind.BONUS
 
-    def _emit(self, token: int, kind: TokenKind, start: float) -> tuple[Piece, str | None]:
+    def _emit(self, token: int, kind: TokenKind, start: float) -> tuple[Piece, FinishReason | None]:
         if self.stats.first_token_seconds is None:
             self.stats.first_token_seconds = time.perf_counter() - start
         if self.target.is_end_of_generation(token):
-            return Piece(token, kind, ""), "stop"
+            return Piece(token, kind, ""), FinishReason.STOP
         self.tokens.append(token)
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
-        return Piece(token, kind, text), "stop_string" if hit_stop else None
+        return Piece(token, kind, text), FinishReason.STOP_STRING if hit_stop else None

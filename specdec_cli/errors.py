@@ -35,6 +35,10 @@ class ContextOverflowError(SpecdecError):
     """The prompt does not fit in the context window."""
 
 
+class DecodeError(SpecdecError):
+    """llama.cpp could not evaluate a batch, for a reason other than a full context."""
+
+
 class RegistryError(SpecdecError):
     """models.yaml is malformed or names something that does not exist."""
 

@@ -227,7 +227,8 @@ def _hub_download(entry: ModelEntry, source: HubSource, progress: FetchProgress)
     progress.start(f"{entry.name} (hub)", entry.size)
     try:
         path = Path(
-            hf_hub_download(
+            # tqdm_class is typed as a class, but any callable that returns a bar will do.
+            hf_hub_download(  # type: ignore[call-overload]
                 source.repo,
                 source.file,
                 revision=source.revision,
@@ -478,11 +479,6 @@ class ResolvedModel:
     path: Path
     name: str  # the registry name, or the file name for a path given as-is
     entry: ModelEntry | None = None  # None for a path given as-is
-
-    @property
-    def context(self) -> int | None:
-        """The registry's default context size for this model, if it has one."""
-        return self.entry.context if self.entry else None
 
 
 def resolve_model(

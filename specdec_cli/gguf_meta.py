@@ -8,13 +8,13 @@ tensor descriptions are read; the tensor data is never touched.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from specdec_cli.errors import ModelFileError
+from specdec_cli.json_cache import read_json_cache, write_json_cache
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp compares drafter and target vocabularies from this token id on (the first few
@@ -182,23 +182,8 @@ class FingerprintCache:
     def fingerprint(self, model: Path) -> str:
         stat = model.stat()
         key = f"{model.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-        known = self._load()
+        known = read_json_cache(self.cache_file)
         if key not in known:
             known[key] = read_gguf_info(model).vocab_fingerprint()
-            self._save(known)
+            write_json_cache(self.cache_file, known)
         return known[key]
-
-    def _load(self) -> dict[str, str]:
-        try:
-            return json.loads(self.cache_file.read_text())
-        except (OSError, ValueError):
-            return {}  # a missing or damaged cache is rebuilt, never an error
-
-    def _save(self, known: dict[str, str]) -> None:
-        try:
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(self.cache_file)
-        except OSError:
-            pass  # caching is an optimisation; a read-only home must not break `specdec models`

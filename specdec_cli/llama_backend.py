@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .backend import VocabInfo
-from .errors import ContextOverflowError, ModelFileError
+from .errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 
 try:
     import llama_cpp
@@ -113,18 +113,21 @@ class LlamaBackend:
         self.path = Path(path)
         self._model = _load_model(self.path, n_gpu_layers)
         self._refuse_unrollbackable_memory()
-        self._ctx = self._new_context(n_ctx, n_batch, n_threads or default_threads())
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
-        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.cached: list[int] = []
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self._n_threads = n_threads or default_threads()
+        self._n_batch_wanted = n_batch
         self.tokens_decoded = 0
         self.decode_calls = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
-        self._init_batch()
+        self._open_context(n_ctx)
+
+    def resize_context(self, n_ctx: int) -> None:
+        """An empty context of `n_ctx` tokens in place of this one; the weights stay loaded."""
+        self._close_context()
+        self._open_context(n_ctx)
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -139,21 +142,25 @@ class LlamaBackend:
                 "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
             )
 
-    def _new_context(self, n_ctx: int, n_batch: int, n_threads: int):
+    def _open_context(self, n_ctx: int) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch
+        params.n_batch = params.n_ubatch = self._n_batch_wanted
         params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = n_threads
+        params.n_threads = params.n_threads_batch = self._n_threads
         params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not ctx:
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
             self.close()
             raise ModelFileError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}.",
                 "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
             )
-        return ctx
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.cached: list[int] = []
+        self._init_batch()
 
     def _init_batch(self) -> None:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -165,13 +172,16 @@ class LlamaBackend:
         for i in range(n):  # once per backend: every slot belongs to sequence 0
             self._batch.seq_id[i][0] = _SEQ
 
-    def close(self) -> None:
+    def _close_context(self) -> None:
         if getattr(self, "_batch", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+
+    def close(self) -> None:
+        self._close_context()
         if getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -210,11 +220,9 @@ class LlamaBackend:
         self._batch.n_tokens = n
         status = llama_cpp.llama_decode(self._ctx, self._batch)
         if status != 0:
-            raise ContextOverflowError(
-                f"llama_decode failed with status {status} at position {base} "
-                f"(context {self.n_ctx}).",
-                "Raise --ctx-size or shorten the prompt.",
-            )
+            # A failure can leave part of the batch in the KV cache: keep it in step with `cached`.
+            llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, base, -1)
+            raise decode_failure(status, base, self.n_ctx)
         self.cached.extend(chunk)
         self.tokens_decoded += n
         self.decode_calls += 1
@@ -223,10 +231,6 @@ class LlamaBackend:
         if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
             raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")
         del self.cached[n_keep:]
-
-    def reset(self) -> None:
-        llama_cpp.llama_memory_clear(self._memory, True)
-        self.cached.clear()
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
@@ -291,7 +295,8 @@ class LlamaBackend:
             eos_token=self.token_text(info.eos) if info.eos >= 0 else "",
             bos_token=self.token_text(info.bos) if info.bos >= 0 else "",
         )
-        return formatter(messages=messages).prompt
+        # Typed as OpenAI-style message TypedDicts; plain role/content dicts are what it reads.
+        return formatter(messages=messages).prompt  # type: ignore[arg-type]
 
     # -- description -----------------------------------------------------------------------
 
@@ -318,6 +323,29 @@ def _chunk_bounds(n_tokens: int, n_batch: int, n_last: int) -> list[int]:
         return bounds
     first = n_tokens % n_batch or n_batch  # cut from the end: a full last chunk
     return [0, *range(first, n_tokens + 1, n_batch)]
+
+
+def decode_failure(status: int, position: int, n_ctx: int) -> SpecdecError:
+    """What a non-zero llama_decode status means (llama.h): 1 no KV-cache slot for the batch,
+    2 aborted, -1 an invalid batch, below -1 an error inside llama.cpp."""
+    where = f"at position {position} (context {n_ctx} tokens)"
+    if status == 1:
+        return ContextOverflowError(
+            f"llama.cpp found no room in the KV cache for the batch {where}.",
+            "Raise --ctx-size or shorten the prompt.",
+        )
+    if status == 2:
+        return DecodeError(f"llama.cpp aborted the decode {where}.", "Run it again.")
+    if status == -1:
+        return DecodeError(
+            f"llama.cpp rejected the batch as invalid {where}: a token outside the model's "
+            "vocabulary?",
+            "Without --force, drafters must share the target's vocabulary.",
+        )
+    return DecodeError(
+        f"llama.cpp failed to decode {where} (status {status}).",
+        "Run with --verbose to see llama.cpp's log.",
+    )
 
 
 def _load_model(path: Path, n_gpu_layers: int):

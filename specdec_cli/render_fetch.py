@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -16,6 +17,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from specdec_cli.fetch import ModelStatus, ResolvedModel
 
@@ -76,29 +78,41 @@ def print_models_json(statuses: Sequence[ModelStatus], console: Console | None =
     (console or Console()).print_json(json.dumps([s.to_json() for s in statuses]))
 
 
-def print_models_table(statuses: Sequence[ModelStatus], console: Console | None = None) -> None:
+def print_models_table(
+    statuses: Sequence[ModelStatus], console: Console | None = None, *, paths: bool = False
+) -> None:
+    """One row per model, readable at 80 columns: names whole, the details under them, local
+    files as a mark (`paths`: their full paths too), targets by their shortest name."""
     console = console or Console()
-    table = Table(title="Models (specdec pull NAME to download)", title_justify="left")
-    for column in ("name", "role", "family", "params", "quant", "size", "local", "drafter for"):
-        table.add_column(column, overflow="fold")
+    table = Table(
+        title="Models (specdec pull NAME to download)", title_justify="left", box=box.SIMPLE_HEAD
+    )
+    longest = max((len(s.name) for s in statuses), default=4)
+    table.add_column("name", min_width=longest, overflow="fold")
+    for column in ("role", "size", "local", "drafter for"):
+        table.add_column(column, justify="right" if column == "size" else "left", no_wrap=True)
+    short_names = {s.name: min((s.name, *s.aliases), key=len) for s in statuses}
     for s in statuses:
         table.add_row(
-            _name_cell(s),
+            _name_cell(s, paths),
             s.role or "",
-            s.family,
-            s.params or "",
-            s.quant or "",
             _human_bytes(s.size) if s.size else "?",
-            f"[green]{s.path}[/green]" if s.path else "[dim]not downloaded[/dim]",
-            ", ".join(s.drafter_for) or ("" if s.vocab else "[dim]unknown vocab[/dim]"),
+            "[green]yes[/green]" if s.path else "[dim]no[/dim]",
+            ", ".join(short_names.get(t, t) for t in s.drafter_for)
+            or ("" if s.vocab else "[dim]unknown vocab[/dim]"),
         )
     console.print(table)
 
 
-def _name_cell(status: ModelStatus) -> str:
-    if not status.aliases:
-        return status.name
-    return f"{status.name} [dim]({', '.join(status.aliases)})[/dim]"
+def _name_cell(status: ModelStatus, paths: bool) -> Text:
+    kind = " ".join(part for part in (status.family, status.params, status.quant) if part)
+    aliases = f" · also {', '.join(status.aliases)}" if status.aliases else ""
+    cell = Text(status.name)
+    cell.append(f"\n{kind}{aliases}", style="dim")
+    if paths and status.path:
+        # Folded, not cut: a path is copied whole or not at all.
+        cell.append(f"\n{status.path}", style="green")
+    return cell
 
 
 def _human_bytes(n: int) -> str:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from . import render
 from .comparison import Comparison, compare_outputs
-from .engine import Finished, Generation, Piece
+from .engine import Finished, Generation
 from .session import (
     DecodeRequest,
     ModelPair,
     check_prompt_fits,
-    open_models,
+    drafter_for,
+    fit_context,
+    load_models,
     prompt_tokens,
 )
 
@@ -34,11 +37,13 @@ class RunRequest:
 def run_once(request: RunRequest, *, json_output: bool) -> int:
     err = render.stderr_console()
     show_progress = err.is_terminal and not json_output
-    with err.status("loading models…", spinner="dots") if show_progress else _nothing():
-        pair, drafter = open_models(request.decode)
-    prompt = prompt_tokens(
-        pair.target, request.prompt, system=request.decode.system, raw=request.raw
-    )
+    with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
+        pair = load_models(request.decode)
+        prompt = prompt_tokens(
+            pair.target, request.prompt, system=request.decode.system, raw=request.raw
+        )
+        fit_context(pair, request.decode.hardware, len(prompt) + request.decode.max_tokens)
+        drafter = drafter_for(request.decode, pair)
     check_prompt_fits(prompt, pair.target.n_ctx)
 
     generation = Generation(
@@ -46,51 +51,52 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     )
     answer = None if json_output else render.AnswerStream(sys.stdout)
     finished, interrupted = _consume(generation, answer)
-    comparison, plain = _verify(pair, prompt, request, finished) if request.verify else (None, None)
+    check = _check(pair, prompt, request, finished) if request.verify else None
 
-    if json_output:
-        render.print_json(sys.stdout, _record(request, finished, comparison, plain))
+    if answer is None:
+        render.print_json(sys.stdout, _record(request, finished, check))
     else:
         answer.finish_line()
         if interrupted:
             err.print("[yellow]interrupted:[/yellow] the answer above is partial.")
         if err.is_terminal or request.verify:
             render.print_stats(err, finished.stats, finished.finish_reason)
-        if comparison is not None:
-            err.print(
-                render.comparison_summary(
-                    comparison, plain.stats.tokens_per_second, finished.stats.tokens_per_second
-                ),
-                soft_wrap=True,
-            )
+        if check is not None:
+            err.print(check.summary(finished), soft_wrap=True)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+@dataclass(frozen=True)
+class Check:
+    """--verify: the answer against the target alone's."""
+
+    comparison: Comparison
+    plain: Finished
+
+    def summary(self, speculative: Finished) -> str:
+        return render.comparison_summary(
+            self.comparison,
+            self.plain.stats.tokens_per_second,
+            speculative.stats.tokens_per_second,
+        )
 
 
 def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:
     """Run to the end, streaming pieces; Ctrl-C keeps what was produced."""
     try:
-        for event in generation.events():
-            if isinstance(event, Piece) and answer is not None:
-                answer.write(event)
-            elif isinstance(event, Finished):
-                return event, False
+        return generation.run(answer.write if answer is not None else None), False
     except KeyboardInterrupt:
         return generation.interrupted(), True
-    raise RuntimeError("generation ended without a Finished event")
 
 
-def _verify(
-    pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished
-) -> tuple[Comparison, Finished]:
+def _check(pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished) -> Check:
     settings = request.decode.generation_settings()
     plain_generation = Generation(pair.target, prompt, settings, drafter=None)
     plain, _ = _consume(plain_generation, None)
-    return compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain
+    return Check(compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain)
 
 
-def _record(
-    request: RunRequest, finished: Finished, comparison: Comparison | None, plain: Finished | None
-) -> dict:
+def _record(request: RunRequest, finished: Finished, check: Check | None) -> dict:
     record = {
         "text": finished.text,
         "tokens": finished.tokens,
@@ -98,14 +104,9 @@ def _record(
         "stats": finished.stats.as_dict(),
         "settings": request.settings_record(),
     }
-    if comparison is not None:
-        record["verify"] = {**comparison.as_dict(), "target_alone": plain.stats.as_dict()}
+    if check is not None:
+        record["verify"] = {
+            **check.comparison.as_dict(),
+            "target_alone": check.plain.stats.as_dict(),
+        }
     return record
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

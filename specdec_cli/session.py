@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .adaptive import CostModel, build_drafter
-from .backend import Backend
+from .backend import Backend, encode_chat
 from .compat import check_compatible
 from .drafters import Drafter
 from .engine import GenerationSettings, SamplingRule
 from .errors import ContextOverflowError
+from .json_cache import read_json_cache, write_json_cache
 from .sampling import SamplingSettings
 
 
 @dataclass(frozen=True)
 class HardwareOptions:
-    ctx_size: int = 4096
+    ctx_size: int | None = None  # None: as much as the text needs (see fit_context)
     threads: int | None = None
     gpu_layers: int = 0
     draft_gpu_layers: int = 0
@@ -78,11 +77,17 @@ class ModelPair:
     # More drafters to compare (bench): name -> (backend, its costs once measured)
     alternates: dict[str, tuple[Backend, CostModel | None]] = field(default_factory=dict)
 
-    def reset(self) -> None:
+    def backends(self) -> list[Backend]:
         others = [backend for backend, _ in self.alternates.values()]
-        for backend in (self.target, self.drafter, *others):
-            if backend is not None:
-                backend.truncate(0)
+        return [b for b in (self.target, self.drafter, *others) if b is not None]
+
+    def reset(self) -> None:
+        for backend in self.backends():
+            backend.truncate(0)
+
+    def close(self) -> None:
+        for backend in self.backends():
+            backend.close()
 
 
 def load_pair(
@@ -96,23 +101,49 @@ def load_pair(
     llama_backend.set_verbose(hardware.verbose)
     target = llama_backend.LlamaBackend(
         target_path,
-        n_ctx=hardware.ctx_size,
+        n_ctx=hardware.ctx_size or MIN_CONTEXT,
         n_threads=hardware.threads,
         n_gpu_layers=hardware.gpu_layers,
         exact=hardware.exact,
     )
-    if draft_path is None:
-        return ModelPair(target, None)
-    return ModelPair(target, load_drafter(target, draft_path, hardware, force_incompatible))
+    pair = ModelPair(target, None)
+    fit_context(pair, hardware, MIN_CONTEXT)  # only a model trained on less changes
+    if draft_path is not None:
+        pair.drafter = load_drafter(target, draft_path, hardware, force_incompatible)
+    return pair
 
 
-def open_models(request: DecodeRequest) -> tuple[ModelPair, Drafter | None]:
-    """Load the pair and build the drafter its mode asks for."""
-    pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+def load_models(request: DecodeRequest) -> ModelPair:
+    return load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+
+
+def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
+    """The drafter the request's mode asks for, timed on this machine."""
     if request.drafter_mode == "none":
-        return pair, None
+        return None
     costs = pair_costs(pair, request.hardware)
-    return pair, build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
+    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
+
+
+MIN_CONTEXT = 1024
+CHAT_CONTEXT = 4096  # a conversation grows: room for several exchanges
+CONTEXT_STEP = 256  # llama.cpp pads contexts to this
+
+
+def fit_context(pair: ModelPair, hardware: HardwareOptions, needed: int) -> None:
+    """Unless --ctx-size was given, contexts of `needed` tokens: rounded up, at least
+    MIN_CONTEXT, but never longer than the target was trained for."""
+    if hardware.ctx_size is not None:
+        return
+    n_ctx = context_size(needed, pair.target.n_ctx_train)
+    for backend in pair.backends():
+        if backend.n_ctx != n_ctx:
+            backend.resize_context(n_ctx)
+
+
+def context_size(needed: int, trained: int) -> int:
+    rounded = -(-max(needed, MIN_CONTEXT) // CONTEXT_STEP) * CONTEXT_STEP
+    return min(rounded, trained) if trained > 0 else rounded
 
 
 def load_drafter(
@@ -122,7 +153,7 @@ def load_drafter(
 
     drafter = llama_backend.LlamaBackend(
         draft_path,
-        n_ctx=hardware.ctx_size,
+        n_ctx=target.n_ctx,  # the drafter follows the target through the same text
         n_threads=hardware.threads,
         n_gpu_layers=hardware.draft_gpu_layers,
     )
@@ -136,12 +167,11 @@ def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": user_text}]
 
 
-def prompt_tokens(target, text: str, *, system: str | None, raw: bool) -> list[int]:
+def prompt_tokens(target: Backend, text: str, *, system: str | None, raw: bool) -> list[int]:
     """Raw text as-is (with the model's BOS), or the user message through the chat template."""
     if raw:
         return target.tokenize(text, add_special=True)
-    rendered = target.format_chat(chat_messages(text, system))
-    return target.tokenize(rendered, add_special=False, parse_special=True)
+    return encode_chat(target, chat_messages(text, system))
 
 
 def check_prompt_fits(prompt: list[int], n_ctx: int) -> None:
@@ -163,7 +193,7 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions) -> CostModel:
 
     cache = specdec_cache_dir() / "decode-costs.json"
     key = _costs_key(pair, hardware)
-    entries = _read_json(cache)
+    entries = read_json_cache(cache)
     entry = entries.get(key) if key else None
     if entry and time.time() - entry["measured_at"] < COSTS_MAX_AGE_SECONDS:
         table = {int(n): seconds for n, seconds in entry["verify_seconds"].items()}
@@ -175,40 +205,22 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions) -> CostModel:
             "verify_seconds": {str(n): s for n, s in costs.verify_seconds.items()},
             "draft_step": costs.draft_step,
         }
-        _write_json_atomically(cache, entries)
+        write_json_cache(cache, entries)
     return costs
 
 
 def _costs_key(pair: ModelPair, hardware: HardwareOptions) -> str | None:
     parts = []
     for backend in (pair.target, pair.drafter):
-        path = getattr(backend, "path", None)
-        if backend is not None and path is None:
-            return None
-        if path is not None:
-            stat = Path(path).stat()
-            parts.append(f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
-        else:
+        if backend is None:
             parts.append("-")
+        elif backend.path is None:
+            return None  # not a model file: nothing to recognise it by next time
+        else:
+            stat = backend.path.stat()
+            parts.append(f"{backend.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
     parts.append(
         f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
         f":exact={hardware.exact}"
     )
     return "|".join(parts)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # a missing or damaged cache is only a cache: measure again
-
-
-def _write_json_atomically(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(data, indent=1))
-        os.replace(partial, path)
-    except OSError:
-        pass  # a read-only home: the next run measures again

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .drafters import ModelDrafter
-from .engine import Finished, Generation, GenerationSettings
+from .engine import Generation, GenerationSettings
 from .fetch import ResolvedModel, models_dir, sha256_of
 from .registry import load_registry, record_user_model
 from .session import HardwareOptions, load_pair, prompt_tokens
@@ -64,8 +64,7 @@ def optimise_drafter(
         pair = load_pair(target.path, path, hardware)
         step = measure_pair_costs(pair.target, pair.drafter).draft_step
         measured.append(DrafterMeasurement(path, 1000 * step, _acceptance(pair)))
-        pair.target.close()
-        pair.drafter.close()
+        pair.close()
     _record(name, drafter, destination, quant, models_file)
     return Optimisation(name, measured[0], measured[1])
 
@@ -78,7 +77,7 @@ def _acceptance(pair) -> float:
         pair.reset()
         prompt = prompt_tokens(pair.target, text, system=None, raw=False)
         generation = Generation(pair.target, prompt, settings, ModelDrafter(pair.drafter))
-        finished = next(e for e in generation.events() if isinstance(e, Finished))
+        finished = generation.run()
         drafted += finished.stats.drafted
         accepted += finished.stats.accepted
     return accepted / drafted if drafted else 0.0
@@ -102,6 +101,6 @@ def _record(
             value = getattr(entry, key, None)
             if value:
                 fields[key] = value
-    aliases = load_registry(models_file).aliases_of(drafter.name) if entry is not None else []
-    aliases = tuple(f"{alias}-{quant}" for alias in aliases)
+    originals = load_registry(models_file).aliases_of(drafter.name) if entry is not None else []
+    aliases = tuple(f"{alias}-{quant}" for alias in originals)
     record_user_model(name, fields, aliases, models_file)

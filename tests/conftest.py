@@ -2,12 +2,61 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# ---- caches: each test gets its own; only the real-pair tests see the user's ---------------
+
+CACHE_VARIABLES = ("SPECDEC_HOME", "HF_HOME", "HF_HUB_CACHE")
+# Read before any fixture changes them: where the user's downloaded models are.
+USER_CACHE_ENVIRONMENT = {name: os.environ.get(name) for name in CACHE_VARIABLES}
+
+
+def _point_caches_at(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDEC_HOME", str(directory / "specdec"))
+    monkeypatch.setenv("HF_HOME", str(directory / "huggingface"))
+    # huggingface_hub reads HF_HOME once, at import; fetch reads HF_HUB_CACHE at each call.
+    monkeypatch.setenv("HF_HUB_CACHE", str(directory / "huggingface" / "hub"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Module- and session-scoped fixtures run before per-test fixtures: keep them out of
+    the user's caches too."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _point_caches_at(tmp_path_factory.mktemp("session-caches"), monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Every test starts with empty caches of its own (decode costs, hashes, fingerprints,
+    models.yaml, the hub cache), never the user's ~/.cache."""
+    _point_caches_at(tmp_path_factory.mktemp("caches"), monkeypatch)
+
+
+def point_caches_at_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in USER_CACHE_ENVIRONMENT.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="module")
+def shared_model_cache() -> Iterator[None]:
+    """The user's own caches, as they were before the tests started, for fixtures that load
+    the real models (downloading them there once). Tests themselves still run isolated."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        point_caches_at_the_users(monkeypatch)
+        yield
+
 
 # ---- tiny GGUF models (tests/tiny_gguf.py) -------------------------------------------------
 from tiny_gguf import TinyModels, build_tiny_models  # noqa: E402

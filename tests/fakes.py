@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specdec_cli.backend import VocabInfo
-from specdec_cli.drafters import Draft, ModelDrafter
-from specdec_cli.sampling import Distribution, SamplingSettings
+from specdec_cli.drafters import Draft, Drafter, ModelDrafter, Outcome
+from specdec_cli.errors import ModelFileError
+from specdec_cli.sampling import Distribution, SamplingSettings, TokenChooser
 
 LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
 
@@ -34,9 +37,10 @@ class FakeBackend:
         end_of_generation: Iterable[int] = (),
         pieces: Mapping[int, bytes] | Sequence[bytes] | None = None,
     ) -> None:
+        self.path: Path | None = None
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
-        self.n_ctx = n_ctx
+        self.n_ctx = self.n_ctx_train = n_ctx
         self.cached: list[int] = []
         self.end_of_generation = frozenset(end_of_generation)
         if pieces is None:
@@ -44,6 +48,7 @@ class FakeBackend:
         self.pieces = dict(pieces) if isinstance(pieces, Mapping) else dict(enumerate(pieces))
         self.decode_calls = 0
         self.tokens_decoded = 0
+        self.exact = False  # scripted logits are the same whatever the batch
         self.max_cached = 0
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
         self._batches: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
@@ -83,8 +88,11 @@ class FakeBackend:
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
-        """Greedy longest match against the pieces (no specials are ever added)."""
+    def resize_context(self, n_ctx: int) -> None:
+        self.n_ctx, self.cached = n_ctx, []
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
+        """Greedy longest match against the pieces (no specials are ever added or parsed)."""
         data, out = text.encode(), []
         by_length = sorted(
             ((p, t) for t, p in self.pieces.items() if p), key=lambda pt: -len(pt[0])
@@ -114,9 +122,21 @@ class FakeBackend:
     def token_text(self, token: int) -> str:
         return self.token_bytes(token).decode("utf-8", errors="replace")
 
+    def chat_template(self) -> str | None:
+        return None
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        raise ModelFileError("a FakeBackend has no chat template.", "Use --raw prompts.")
+
+    def describe(self) -> dict:
+        return {"path": None, "description": "FakeBackend", "n_vocab": self.n_vocab}
+
+    def close(self) -> None:
+        pass
+
     def twin(self, logits_fn: LogitsFn | None = None, **changes) -> FakeBackend:
         """A fresh backend with the same vocabulary (a drafter for this one)."""
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             n_vocab=self.n_vocab,
             n_ctx=self.n_ctx,
             end_of_generation=self.end_of_generation,
@@ -215,10 +235,10 @@ def model_drafter(
 class RecordingDrafter:
     """Wraps a drafter and keeps every draft it proposed."""
 
-    inner: object
+    inner: Drafter
     drafts: list[Draft]
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: Drafter) -> None:
         self.inner, self.drafts = inner, []
 
     def propose(
@@ -226,11 +246,14 @@ class RecordingDrafter:
         context: Sequence[int],
         max_tokens: int,
         sampling: SamplingSettings,
-        rng: np.random.Generator,
+        chooser: TokenChooser,
     ) -> Draft:
-        draft = self.inner.propose(context, max_tokens, sampling, rng)
+        draft = self.inner.propose(context, max_tokens, sampling, chooser)
         self.drafts.append(draft)
         return draft
+
+    def observe(self, outcome: Outcome) -> None:
+        self.inner.observe(outcome)
 
 
 @dataclass
@@ -239,6 +262,9 @@ class FixedDrafter:
 
     tokens: list[int]
 
-    def propose(self, context, max_tokens, sampling, rng) -> Draft:
+    def propose(self, context, max_tokens, sampling, chooser) -> Draft:
         tokens = self.tokens[:max_tokens]
         return Draft(list(tokens), [Distribution.point(t) for t in tokens], "fixed")
+
+    def observe(self, outcome: Outcome) -> None:
+        pass

@@ -39,12 +39,6 @@ prompts:
 """
 
 
-@pytest.fixture(autouse=True)
-def cache_home(tmp_path, monkeypatch):
-    """Keep the SHA-256 cache out of the real ~/.cache."""
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
-
-
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(text)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("llama_cpp")
 
+from specdec_cli.backend import encode_chat, encode_template_text  # noqa: E402
 from specdec_cli.chat import (  # noqa: E402
     ChatSession,
     Command,
@@ -87,11 +88,7 @@ def test_the_second_turn_decodes_only_the_new_tokens(tiny_models):
     session = new_session(tiny_models)
     first = run_turn(session, FIRST)
     turn1 = session.records[0]
-    history = session.pair.target.tokenize(
-        session.pair.target.format_chat(session.messages()[:-1]),
-        add_special=False,
-        parse_special=True,
-    ) + first.tokens
+    history = encode_chat(session.pair.target, session.messages()[:-1]) + first.tokens
     assert turn1.reused_tokens == 0
 
     # One token and no draft: the target's only decode is the part of the prompt it lacks.
@@ -138,11 +135,8 @@ def test_a_long_conversation_drops_the_oldest_turns_and_keeps_the_system_message
     session = new_session(tiny_models, ctx=256, system="be brief", max_tokens=40)
     n_ctx = session.pair.target.n_ctx
     rendered = session.pair.target.format_chat([{"role": "system", "content": "be brief"}])
-    system_prefix = session.pair.target.tokenize(
-        rendered[: rendered.index("<|im_end|>") + len("<|im_end|>")],
-        add_special=False,
-        parse_special=True,
-    )
+    system_turn = rendered[: rendered.index("<|im_end|>") + len("<|im_end|>")]
+    system_prefix = encode_template_text(session.pair.target, system_turn)
     for i in range(10):
         turn = session.reply(f"message number {i} about the model and the data")
         list(turn.events())

@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from specdec_cli.backend import encode_template_text  # noqa: E402
 from specdec_cli.chat import ChatSession  # noqa: E402
 from specdec_cli.engine import GenerationSettings, Piece, TokenKind  # noqa: E402
 from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
@@ -155,7 +156,7 @@ def expected_first_turn(models, message: str, max_tokens: int) -> tuple[list[Pie
     rendered = pair.target.format_chat(session.messages(SECOND))
     tail = rendered[len(pair.target.format_chat(session.messages()[:-1])) :]
     tail = tail[len(session.exchanges[0].assistant) :]
-    return pieces, len(pair.target.tokenize(tail, add_special=False, parse_special=True))
+    return pieces, len(encode_template_text(pair.target, tail))
 
 
 def coloured(pieces: list[Piece]) -> str:

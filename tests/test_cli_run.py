@@ -14,6 +14,7 @@ from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from specdec_cli.fetch import specdec_cache_dir
 
 runner = CliRunner()
 PROMPTS = ["the cat sat on", "one two three four", "what is the time"]
@@ -42,6 +43,17 @@ def test_greedy_speculative_output_equals_the_target_alone(tiny_models, prompt):
     for mode in ("combined", "model", "ngram"):
         adaptive = run_json(tiny_models, prompt, "--draft", drafter, "--drafter", mode, "-n", "48")
         assert adaptive["tokens"] == plain["tokens"], mode
+
+
+def test_measured_decode_costs_go_to_the_tests_own_cache(tiny_models, monkeypatch):
+    from conftest import point_caches_at_the_users
+
+    home = specdec_cache_dir()
+    with monkeypatch.context() as users:
+        point_caches_at_the_users(users)
+        assert specdec_cache_dir() != home
+    run_json(tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "-n", "4")
+    assert (home / "decode-costs.json").is_file()
 
 
 def test_json_record_is_complete_and_consistent(tiny_models):
@@ -158,6 +170,16 @@ def test_prompt_longer_than_the_context(tiny_models):
     assert "--ctx-size" in result.stderr
 
 
+def test_the_default_context_ends_at_the_models_trained_length(tiny_models):
+    prompt = "the cat " * 150  # 452 tokens; tiny_gguf's models are trained on 512
+    room = run_json(tiny_models, prompt, "--no-draft", "-n", "100", "--ctx-size", "1024")
+    assert room["finish_reason"] == "length"
+    capped = run_json(tiny_models, prompt, "--no-draft", "-n", "100")
+    stats = capped["stats"]
+    assert capped["finish_reason"] == "context"
+    assert stats["prompt_tokens"] + stats["generated_tokens"] == 512
+
+
 def test_stop_string_cuts_the_answer(tiny_models):
     full = run_json(tiny_models, "the cat", "--no-draft", "-n", "40")["text"]
     stop = full[10:13]
@@ -196,6 +218,27 @@ def test_streamed_stdout_is_valid_utf8_when_characters_span_tokens(tmp_path):
     text = streamed.decode("utf-8")  # strict: raises on a split character
     assert text == record["text"] + "\n"
     assert any(ord(c) > 127 and c != "\ufffd" for c in text)  # a multi-byte character made it
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(tiny_models):
+    process = _specdec(
+        "run",
+        "the cat",
+        "--raw",
+        "-n",
+        "100000",
+        "--ctx-size",
+        "32768",
+        "--target",
+        str(tiny_models.target),
+        "--draft",
+        str(tiny_models.close_drafter),
+    )
+    assert len(process.stdout.read(8)) == 8  # like `| head -c 8`
+    process.stdout.close()
+    process.wait(timeout=60)  # generating 100000 tokens would take far longer
+    assert process.returncode == 141
+    assert process.stderr.read() == b""
 
 
 def test_ctrl_c_keeps_the_partial_answer_and_exits_130(tiny_models):

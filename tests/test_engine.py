@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from fakes import (
@@ -17,12 +19,14 @@ from fakes import (
 )
 
 from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
-from specdec_cli.backend import common_prefix_length
-from specdec_cli.drafters import NgramDrafter
+from specdec_cli.backend import Backend, common_prefix_length
+from specdec_cli.drafters import Drafter, NgramDrafter
 from specdec_cli.engine import (
     Finished,
+    FinishReason,
     Generation,
     GenerationSettings,
+    GenerationStats,
     Piece,
     Round,
     SamplingRule,
@@ -422,6 +426,13 @@ def test_stats_dict_is_consistent():
     check_stats(events, done)
 
 
+def test_the_fakes_have_the_protocols_surface():
+    target = table_target()
+    assert isinstance(target, Backend)
+    for drafter in (FixedDrafter([1]), RecordingDrafter(model_drafter(target))):
+        assert isinstance(drafter, Drafter)
+
+
 def test_fake_backend_refuses_to_overflow():
     target = table_target(n_ctx=4)
     target.decode([0, 1, 2], 1)
@@ -481,3 +492,51 @@ def test_invariant_rule_different_seeds_give_different_answers():
         for s in range(5)
     }
     assert len(answers) > 1
+
+
+# --- running to the end, totals, finish reasons -------------------------------------------------
+
+
+def test_run_hands_over_every_piece_and_returns_what_events_would():
+    settings = GenerationSettings(max_tokens=20, draft_max=3, sampling=GREEDY)
+    events, expected = run(table_target(), settings, FixedDrafter([4, 5]))
+    handed: list[Piece] = []
+    done = Generation(table_target(), PROMPT, settings, FixedDrafter([4, 5])).run(handed.append)
+    assert handed == pieces(events)
+    assert (done.tokens, done.text, done.finish_reason) == (
+        expected.tokens,
+        expected.text,
+        expected.finish_reason,
+    )
+
+
+def test_merged_stats_add_up_and_keep_the_first_generations_own_numbers():
+    target = table_target()
+    settings = GenerationSettings(max_tokens=12, draft_max=3, sampling=GREEDY)
+    one = run(target, settings, model_drafter(target, negated(target.logits_fn)))[1].stats
+    two = run(target, settings, FixedDrafter([4, 5, 6]))[1].stats
+    total = GenerationStats(prompt_tokens=7)
+    total.merge(one)
+    total.merge(two)
+    for name in ("generated", "drafted", "accepted", "target_passes", "seconds"):
+        assert getattr(total, name) == pytest.approx(getattr(one, name) + getattr(two, name))
+    assert total.draft_lengths == one.draft_lengths + two.draft_lengths
+    assert total.draft_sources == one.draft_sources + two.draft_sources
+    assert total.prompt_tokens == 7 and total.first_token_seconds is None
+
+
+def test_finish_reasons_are_an_enum_that_reads_and_serialises_as_before():
+    done = Generation(table_target(), PROMPT, GenerationSettings(max_tokens=3)).run()
+    assert done.finish_reason is FinishReason.LENGTH
+    assert json.dumps({"finish_reason": done.finish_reason}) == '{"finish_reason": "length"}'
+    assert f"{done.finish_reason}" == "length" == done.finish_reason
+
+
+def test_stopping_early_is_interrupted():
+    generation = Generation(table_target(), PROMPT, GenerationSettings(max_tokens=30))
+    for event in generation.events():
+        if isinstance(event, Piece):
+            break
+    stopped = generation.interrupted()
+    assert stopped.finish_reason is FinishReason.INTERRUPTED
+    assert stopped.tokens == generation.tokens and len(stopped.tokens) == 1

@@ -6,10 +6,15 @@ import numpy as np
 import pytest
 from tiny_gguf import BOS_ID, EOS_ID, byte_token_id, write_tiny_llama
 
-from specdec_cli.backend import logits_for_suffix
+from specdec_cli.backend import Backend, logits_for_suffix
 from specdec_cli.compat import check_compatible
-from specdec_cli.errors import ContextOverflowError, IncompatibleModelsError, ModelFileError
-from specdec_cli.llama_backend import LlamaBackend
+from specdec_cli.errors import (
+    ContextOverflowError,
+    DecodeError,
+    IncompatibleModelsError,
+    ModelFileError,
+)
+from specdec_cli.llama_backend import LlamaBackend, decode_failure
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +26,10 @@ def target(tiny_models):
 
 def _prompt(backend) -> list[int]:
     return backend.tokenize("the cat sat on the mat and then it", add_special=True)
+
+
+def test_the_backend_has_the_protocols_surface(target):
+    assert isinstance(target, Backend)
 
 
 def test_batched_rows_match_one_token_decodes(target):
@@ -73,6 +82,48 @@ def test_decoding_past_the_context_is_a_clear_error(target):
     with pytest.raises(ContextOverflowError, match="context"):
         target.decode([BOS_ID] + [300] * 300, 1)
     assert target.cached == []
+
+
+def test_a_full_kv_cache_is_a_context_overflow(target):
+    target.truncate(0)
+    with pytest.raises(ContextOverflowError, match="no room in the KV cache.*--ctx-size"):
+        while True:  # past decode()'s own check, straight to llama_decode
+            target._decode_chunk([300] * 60, 1)
+    assert target.decode([300], 1).shape == (1, target.n_vocab)  # the cache is still usable
+
+
+def test_an_invalid_batch_is_not_called_a_context_overflow(target):
+    target.truncate(0)
+    with pytest.raises(DecodeError, match="invalid") as failure:
+        target.decode([BOS_ID, target.n_vocab + 5], 1)
+    assert not isinstance(failure.value, ContextOverflowError)
+    assert "--ctx-size" not in str(failure.value)
+    assert target.cached == []
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "says"),
+    [
+        (1, ContextOverflowError, "--ctx-size"),
+        (2, DecodeError, "aborted"),
+        (-1, DecodeError, "invalid"),
+        (-3, DecodeError, "status -3"),
+    ],
+)
+def test_each_decode_status_says_what_happened(status, kind, says):
+    error = decode_failure(status, position=7, n_ctx=64)
+    assert type(error) is kind and says in str(error) and "position 7" in str(error)
+    assert ("--ctx-size" in str(error)) == (status == 1)
+
+
+def test_trained_length_and_a_resized_context(tiny_models):
+    backend = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=1)
+    assert backend.n_ctx_train == 512  # tiny_gguf's context_length
+    backend.decode([BOS_ID, 300], 1)
+    backend.resize_context(512)
+    assert (backend.n_ctx, backend.cached) == (512, [])
+    assert backend.decode([BOS_ID] + [300] * 400, 1).shape == (1, backend.n_vocab)
+    backend.close()
 
 
 def test_tokens_bytes_and_end_of_generation(target):

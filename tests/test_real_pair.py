@@ -27,7 +27,8 @@ TOKENS = 128
 
 
 @pytest.fixture(scope="module")
-def paths():
+def paths(shared_model_cache):
+    """The real pair's files, from the user's cache (downloaded there on first use)."""
     return resolve_model("large").path, resolve_model("small").path
 
 
@@ -77,8 +78,7 @@ def test_model_drafts_are_accepted_and_exact(paths):
 
     def generate(drafter) -> Finished:
         pair.reset()
-        events = Generation(pair.target, prompt, settings, drafter).events()
-        return next(e for e in events if isinstance(e, Finished))
+        return Generation(pair.target, prompt, settings, drafter).run()
 
     speculative = generate(ModelDrafter(pair.drafter))
     plain = generate(None)

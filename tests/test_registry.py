@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 from model_files import VOCAB_A, VOCAB_B, write_gguf
+from rich.console import Console
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -14,6 +16,7 @@ from specdec_cli.errors import IncompatibleModelsError, ModelFileError, Registry
 from specdec_cli.fetch import model_statuses, pick_drafter, resolve_model
 from specdec_cli.gguf_meta import FingerprintCache, read_gguf_info
 from specdec_cli.registry import HubSource, PypiSource, load_registry
+from specdec_cli.render_fetch import print_models_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -286,6 +289,29 @@ def test_models_command_json_and_table(tmp_path):
     assert by_name["big-a"]["path"] == str(tmp_path / "big-a.gguf")
     assert by_name["qwen2.5-coder-1.5b-instruct-q4_k_m"]["aliases"] == ["large", "qwen-coder-1.5b"]
     assert table.exit_code == 0 and "tiny-b" in table.stdout
+
+
+def models_table(statuses, width: int, paths: bool = False) -> list[str]:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    print_models_table(statuses, console, paths=paths)
+    return console.file.getvalue().splitlines()
+
+
+def test_the_models_table_reads_at_80_columns(tmp_path):
+    statuses = model_statuses(load_registry(local_registry(tmp_path)))
+    lines = models_table(statuses, width=80)
+    assert max(map(len, lines)) <= 80
+    for status in statuses:  # every name whole on a line of its own row
+        assert any(line.split()[:1] == [status.name] for line in lines if line.strip())
+    assert not any(str(tmp_path) in line for line in lines)  # paths only when asked
+    qwen = next(line for line in lines if "qwen2.5-coder-0.5b-instruct-q4_k_m" in line)
+    assert qwen.split()[-1] == "large"  # the target by its shortest name
+
+
+def test_the_models_table_shows_paths_when_asked(tmp_path):
+    statuses = model_statuses(load_registry(local_registry(tmp_path)))
+    lines = models_table(statuses, width=200, paths=True)
+    assert any(line.strip() == str(tmp_path / "big-a.gguf") for line in lines)
 
 
 def test_models_command_reports_a_bad_registry_in_one_line(tmp_path):

@@ -1,0 +1,47 @@
+"""The JSON caches: forgiving reads, atomic writes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specdec_cli.json_cache import read_json_cache, write_json_cache
+
+
+def test_what_is_written_is_read_back(tmp_path):
+    cache = tmp_path / "deeper" / "cache.json"
+    write_json_cache(cache, {"a": 1, "b": [2, 3]})
+    assert read_json_cache(cache) == {"a": 1, "b": [2, 3]}
+    assert os.listdir(cache.parent) == ["cache.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("text", [None, "{not json", "[1, 2]"])
+def test_a_missing_or_damaged_cache_reads_as_empty(tmp_path, text):
+    cache = tmp_path / "cache.json"
+    if text is not None:
+        cache.write_text(text)
+    assert read_json_cache(cache) == {}
+
+
+def test_a_failed_write_leaves_the_old_cache_whole(tmp_path, monkeypatch):
+    cache = tmp_path / "cache.json"
+    write_json_cache(cache, {"old": 1})
+    renamed = []
+
+    def refuse(source, destination):
+        renamed.append(os.path.basename(source))
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    write_json_cache(cache, {"new": 2})  # no error: a cache is only a cache
+    assert read_json_cache(cache) == {"old": 1}
+    assert renamed == [f"cache.json.{os.getpid()}.tmp"]  # this process's own name
+    assert os.listdir(tmp_path) == ["cache.json"]
+
+
+def test_an_unwritable_folder_is_not_an_error(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    write_json_cache(blocked / "cache.json", {"a": 1})  # its folder is a file
+    assert read_json_cache(blocked / "cache.json") == {}

@@ -1,0 +1,65 @@
+"""Prompt lookup: the n-gram index, its cursor, and the n-gram drafter."""
+
+from __future__ import annotations
+
+from specdec_cli.drafters import NgramDrafter, NgramIndex
+from specdec_cli.sampling import GumbelChooser, SamplingSettings
+
+A, B, W, X, Y, Z = 1, 2, 9, 10, 11, 12
+# "a b" occurred twice before the text's ending "a b": first followed by X, then by Y.
+TWICE = [A, B, X, Z, A, B, Y, W, A, B]
+
+
+def index_of(tokens: list[int]) -> NgramIndex:
+    index = NgramIndex()
+    index.sync(tokens)
+    return index
+
+
+def test_the_longest_earlier_match_wins():
+    index = index_of([A, B, X, B, Y, A, B])  # "b" alone was followed by Y last; "a b" by X
+    match = index.lookup(4)
+    assert match.length == 2 and match.tokens[0] == X
+
+
+def test_no_earlier_occurrence_is_no_match():
+    match = index_of([A, B, X]).lookup(4)
+    assert match.tokens == () and match.length == 0
+
+
+def test_the_continuation_stops_at_max_tokens_and_at_the_text_end():
+    index = index_of(TWICE)
+    assert index.lookup(2).tokens == (X, Z)
+    assert index.lookup(100).tokens == tuple(TWICE[2:])
+
+
+def test_looking_does_not_move_the_cursor():
+    index = index_of(TWICE)
+    first = index.lookup(3)
+    assert index.lookup(3) == first
+    assert first.tokens[0] == X
+
+
+def test_taking_a_match_moves_on_to_the_next_occurrence():
+    index = index_of(TWICE)
+    index.take(index.lookup(3))
+    assert index.lookup(3).tokens[0] == Y
+    index.take(index.lookup(3))
+    assert index.lookup(3).tokens[0] == Y  # no later occurrence: the last one again
+
+
+def test_an_edited_history_starts_over():
+    index = index_of(TWICE)
+    index.take(index.lookup(3))
+    index.sync([A, B, Z, *TWICE[3:]])  # an early token changed: a new conversation
+    assert index.lookup(3).tokens[0] == Z  # from the first occurrence again
+
+
+def test_the_drafter_proposes_and_takes():
+    drafter = NgramDrafter()
+    rng = GumbelChooser(0)
+    first = drafter.propose(TWICE, 2, SamplingSettings(), rng)
+    second = drafter.propose(TWICE, 2, SamplingSettings(), rng)
+    assert (first.tokens, first.source, first.match_length) == ([X, Z], "ngram", 2)
+    assert second.tokens == [Y, W]
+    assert all(d.probs[0] == 1.0 for d in first.dists)  # certain: point masses
