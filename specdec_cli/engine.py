@@ -37,6 +37,7 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     seed: int | None = None
+    prediction: tuple[int, ...] = ()  # Predicted Outputs: token ids of the expected answer
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class GenerationStats:
     verify_seconds: float = 0.0
     draft_lengths: Counter = field(default_factory=Counter)
     draft_sources: Counter = field(default_factory=Counter)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def acceptance(self) -> float:
