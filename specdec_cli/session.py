@@ -135,7 +135,12 @@ def prompt_tokens(target, text: str, *, system: str | None, raw: bool) -> list[i
     """Raw text as-is (with the model's BOS), or the user message through the chat template."""
     if raw:
         return target.tokenize(text, add_special=True)
-    rendered = target.format_chat(chat_messages(text, system))
+    return chat_tokens(target, chat_messages(text, system))
+
+
+def chat_tokens(target, messages: list[dict[str, str]]) -> list[int]:
+    """Messages through the target's chat template, its special tokens read as such."""
+    rendered = target.format_chat(messages)
     return target.tokenize(rendered, add_special=False, parse_special=True)
 
 
