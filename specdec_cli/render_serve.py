@@ -22,6 +22,7 @@ class RequestRecord:
     started: float  # time.perf_counter() when the request arrived
     status: int = 200
     stream: bool = False
+    id: str | None = None  # the response's id, once there is one
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None  # the engine's ("interrupted": the client went away)
@@ -37,6 +38,8 @@ class RequestRecord:
             "stream": self.stream,
             "seconds": round(seconds, 4),
         }
+        if self.id is not None:
+            record["id"] = self.id
         if self.prompt_tokens is not None:
             record |= {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}
         if self.stats is not None:

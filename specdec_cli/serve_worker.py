@@ -103,6 +103,7 @@ class Worker:
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
         self._closed = False
+        self.received = 0  # jobs accepted since the start
         self._thread = threading.Thread(target=self._serve, name="specdec-worker", daemon=True)
 
     def start(self) -> None:
@@ -121,6 +122,7 @@ class Worker:
             raise shutting_down()
         try:
             self._jobs.put_nowait(job)
+            self.received += 1
         except queue.Full:
             raise ApiError(
                 503,
@@ -163,22 +165,21 @@ class Worker:
                 job.post(Failed(ApiError(499, "The client closed the request.")))
                 continue
             self._current = job
-            clean = False
+            clean, failure = True, None
             try:
                 self._run(job)
-                clean = True
             except ApiError as error:
-                job.post(Failed(error))
-                clean = True
+                failure = error
             except SpecdecError as error:  # e.g. llama_decode refused: the request's doing
-                job.post(Failed(bad_request(str(error))))
+                clean, failure = False, bad_request(str(error))
             except Exception as error:  # a bug: say so, keep serving
                 traceback.print_exc(file=sys.stderr)
                 message = f"Internal error: {type(error).__name__}: {error}"
-                job.post(Failed(ApiError(500, message, kind="server_error")))
-            finally:
-                self._current = None
-                self._settle_caches(clean)
+                clean, failure = False, ApiError(500, message, kind="server_error")
+            self._settle_caches(clean)  # before the client hears back: the next job may be its
+            self._current = None
+            if failure is not None:
+                job.post(Failed(failure))
 
     def _run(self, job: Job) -> None:
         target = self.pair.target
@@ -236,4 +237,7 @@ class Worker:
         do (this drops nothing); after an error in the middle of a decode, start over."""
         for backend in (self.pair.target, self.pair.drafter):
             if backend is not None:
-                backend.truncate(len(backend.cached) if clean else 0)
+                try:
+                    backend.truncate(len(backend.cached) if clean else 0)
+                except RuntimeError:  # llama.cpp refused a partial removal: clear it all
+                    backend.truncate(0)

@@ -171,6 +171,7 @@ def create_app(state: ServerState) -> FastAPI:
             "busy": worker.busy,
             "queued": worker.queued,
             "max_queue": worker.max_queue,
+            "received": worker.received,
         }
 
     # The same routes without /v1, as llama.cpp's server has them, for clients whose base
@@ -247,6 +248,7 @@ async def _complete(request, state: ServerState, request_type, shape, make_promp
             return Response(status_code=499)
         record.prompt_tokens, record.cached_tokens = started.prompt_tokens, started.cached_tokens
         ids = ResponseIds.new(shape.prefix, state.model_id)
+        record.id = ids.id
         if parsed.stream:
             events = _events(job, ids, shape, parsed.include_usage(), record, state)
             return _EventStream(events, job)
