@@ -33,8 +33,10 @@ LONG_CHAT = "one two three four"  # chat, greedy: ~1500 tokens before it stops
 class ServerProcess:
     """`python -m specdec_cli serve` on a free port; stderr collected line by line."""
 
-    def __init__(self, *args: str, home: Path) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECDEC_HOME": str(home)}
+    def __init__(self, *args: str, home: Path | None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if home is not None:
+            env["SPECDEC_HOME"] = str(home)
         env.pop("SPECDEC_API_KEY", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", *args],
@@ -48,7 +50,7 @@ class ServerProcess:
         self._listening = threading.Event()
         self.url = ""
         threading.Thread(target=self._read, daemon=True).start()
-        if not self._listening.wait(60):
+        if not self._listening.wait(300):
             self.stop()
             pytest.fail("the server did not start:\n" + "\n".join(self.lines))
 
@@ -500,3 +502,47 @@ def test_port_in_use_and_the_network_warning(tiny_models):
     assert len(lines) == 2, result.stderr
     assert "open" in lines[0] and "network" in lines[0] and "--api-key" in lines[0]
     assert f"cannot listen on 0.0.0.0:{port}" in lines[1]
+
+
+# ---- the real pair --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_real_pair_through_the_openai_client():
+    """Greedy output byte-identical to `specdec run` with the same settings (both fresh,
+    both drafting the same fixed way, so the same decodes run in the same order), a
+    prediction that leaves the answer unchanged, and a second turn that reuses the cache."""
+    from specdec_cli.fetch import resolve_model
+
+    target, drafter = resolve_model("large").path, resolve_model("small").path
+    settings = ("--drafter", "fixed", "--ctx-size", "2048", "-n", "64")
+    models = ("--target", str(target), "--draft", str(drafter))
+    question = "Write a Python function that checks whether a string is a palindrome."
+    server = ServerProcess(*models, *settings, "--json-log", home=None)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": question}]
+        first = client.chat.completions.create(model=target.stem, messages=messages)
+        text = first.choices[0].message.content
+        assert first.usage.model_extra["specdec"]["accepted"] > 0
+        predicted = client.chat.completions.create(
+            model=target.stem,
+            messages=messages,
+            prediction={"type": "content", "content": text},
+        )
+        assert predicted.choices[0].message.content == text
+        details = predicted.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens is not None
+        assert details.rejected_prediction_tokens is not None
+        follow_up = [
+            *messages,
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "Now make it ignore case."},
+        ]
+        second = client.chat.completions.create(model=target.stem, messages=follow_up)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert cached >= first.usage.prompt_tokens
+    finally:
+        assert server.stop() == 0, "\n".join(server.lines)
+    ran = run_json(question, *models, *settings)
+    assert text == ran["text"]
