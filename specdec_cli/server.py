@@ -232,7 +232,13 @@ def _failed(state: ServerState, record: RequestRecord, error: ApiError) -> Respo
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-async def _complete(request, state: ServerState, request_type, shape, make_prompt) -> Response:
+async def _complete(
+    request: Request,
+    state: ServerState,
+    request_type: type[ChatRequest] | type[CompletionRequest],
+    shape: ChatShape | TextShape,
+    make_prompt: Callable[..., ChatPrompt | TextPrompt],
+) -> Response:
     record = RequestRecord(request.method, request.url.path, time.perf_counter())
     try:
         state.authorize(request)
