@@ -341,7 +341,7 @@ def serve(
     models: ModelsFileOpt = None,
     offline: OfflineOpt = False,
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (another than 127.0.0.1 is public).")
+        str, typer.Option("--host", help="Address to listen on; any but loopback opens the API.")
     ] = "127.0.0.1",
     port: Annotated[
         int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one).")
@@ -351,7 +351,7 @@ def serve(
         typer.Option(
             "--api-key",
             envvar="SPECDEC_API_KEY",
-            help="Require 'Authorization: Bearer KEY' (also read from SPECDEC_API_KEY).",
+            help="Require 'Authorization: Bearer KEY' on every request.",
         ),
     ] = None,
     max_queue: Annotated[
@@ -385,10 +385,9 @@ def serve(
     force: ForceOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Serve the OpenAI API (chat completions, completions, models) on one loaded pair.
+    """Serve OpenAI's API (chat completions, completions, models) on one loaded pair.
 
-    The sampling options are defaults: a request's own temperature, top_p, max_tokens ...
-    take precedence.
+    The sampling options are defaults for requests that do not set their own.
     """
     from .server import ServeOptions, ServeRequest
     from .server import serve as run_server
@@ -412,7 +411,7 @@ def serve(
             force_incompatible=force,
         )
         options = ServeOptions(host, port, api_key or None, max_queue, json_log)
-        aliases = (target,) if target else ()
+        aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
     raise typer.Exit(code)
 
