@@ -419,6 +419,93 @@ def chat(
 
 
 @app.command()
+def serve(
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    models: ModelsFileOpt = None,
+    offline: OfflineOpt = False,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; any but loopback opens the API.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one).")
+    ] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="SPECDEC_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every request.",
+        ),
+    ] = None,
+    max_queue: Annotated[
+        int,
+        typer.Option("--max-queue", min=1, help="Requests that may wait; more get a 503."),
+    ] = 16,
+    json_log: Annotated[
+        bool, typer.Option("--json-log", help="Log one JSON object per request on stderr.")
+    ] = False,
+    system: Annotated[
+        str | None,
+        typer.Option("--system", help="System message for requests that send none."),
+    ] = None,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    max_tokens: Annotated[
+        int,
+        typer.Option("--max-tokens", "-n", min=1, help="Most tokens for requests that set none."),
+    ] = 2048,
+    stop: StopOpt = None,
+    draft_max: DraftMaxOpt = None,
+    drafter: DrafterModeOpt = "combined",
+    no_draft: NoDraftOpt = False,
+    threads: ThreadsOpt = None,
+    ctx_size: CtxOpt = None,
+    gpu_layers: GpuLayersOpt = 0,
+    draft_gpu_layers: DraftGpuLayersOpt = 0,
+    force: ForceOpt = False,
+    exact: ExactOpt = True,
+    rule: RuleOpt = "invariant",
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve OpenAI's API (chat completions, completions, models) on one loaded pair.
+
+    The sampling options are defaults for requests that do not set their own.
+    """
+    from .server import ServeOptions, ServeRequest
+    from .server import serve as run_server
+
+    with user_errors():
+        mode = "none" if no_draft else check_drafter_mode(drafter)
+        target_path, draft_path = resolve_models(
+            target, draft, models=models, offline=offline, mode=mode
+        )
+        decode = DecodeRequest(
+            target=target_path,
+            draft=draft_path,
+            drafter_mode=mode,
+            system=system,
+            sampling=SamplingSettings(temp, top_k, top_p, min_p),
+            seed=seed,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            draft_max=draft_max or default_draft_max(mode),
+            hardware=HardwareOptions(
+                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
+            ),
+            force_incompatible=force,
+            rule=check_rule(rule),
+        )
+        options = ServeOptions(host, port, api_key or None, max_queue, json_log)
+        aliases = (target or DEFAULT_TARGET,)
+        code = run_server(ServeRequest(decode, options, aliases))
+    raise typer.Exit(code)
+
+
+@app.command()
 def bench(
     draft: DraftOpt = None,
     target: TargetOpt = None,

@@ -6,7 +6,7 @@ import codecs
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -68,6 +68,7 @@ class GenerationSettings:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     seed: int | None = None
     rule: SamplingRule = SamplingRule.INVARIANT
+    prediction: tuple[int, ...] = ()  # Predicted Outputs: token ids of the expected answer
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class GenerationStats:
     verify_seconds: float = 0.0
     draft_lengths: Counter = field(default_factory=Counter)
     draft_sources: Counter = field(default_factory=Counter)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def acceptance(self) -> float:
@@ -275,7 +278,7 @@ class Generation:
                 return event
         raise AssertionError("events() always ends with Finished")
 
-    def events(self) -> Iterator[Event]:
+    def events(self) -> Generator[Event, None, None]:
         start = self._started = time.perf_counter()
         finish_reason: FinishReason | None = None
         while finish_reason is None:

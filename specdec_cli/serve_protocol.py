@@ -1,0 +1,398 @@
+"""OpenAI's chat-completions and completions protocol: requests, responses, errors.
+
+Pure data: pydantic models that validate a request body, and functions that build the JSON
+the server sends. No HTTP and no models here (`server.py` and `serve_worker.py` do those).
+
+Requests are validated strictly: a field of the wrong type, out of range or unknown is a
+400, as OpenAI answers. Fields OpenAI defines that specdec does not implement (`n`,
+penalties, logprobs, tools ...) are accepted at their neutral value, which clients often
+send explicitly, and refused otherwise, so an answer never silently ignores a request.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .engine import Finished, GenerationStats
+
+MAX_STOP_STRINGS = 16
+MAX_SEED = 2**63 - 1
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+# ---- requests -------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+Content = str | list[TextPart]
+
+
+def content_text(content: Content | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Content | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # padding against side channels: nothing to pad
+
+
+class Prediction(_Strict):
+    type: Literal["content"]
+    content: Content
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]  # json_object / json_schema would need constrained decoding
+
+
+class _Sampling(_Strict):
+    """Fields both endpoints take. None means: the server's default (its command line)."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # llama.cpp's extension; 0: all tokens
+    min_p: float | None = Field(None, ge=0.0, le=1.0)  # llama.cpp's extension
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    prediction: Prediction | None = None
+    # OpenAI fields accepted at their neutral value only (see the module docstring).
+    n: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Clients send these for bookkeeping; they change nothing in the answer.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise bad_request(f"stop takes at most {MAX_STOP_STRINGS} strings.", "stop")
+        return tuple(s for s in stops if s)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def prediction_text(self) -> str | None:
+        return None if self.prediction is None else content_text(self.prediction.content)
+
+    def check_supported(self) -> None:
+        """Refuse what specdec would otherwise silently ignore."""
+        neutral = {
+            "n": (self.n, (None, 1), "only n=1 is supported"),
+            "frequency_penalty": (self.frequency_penalty, (None, 0), "penalties are not supported"),
+            "presence_penalty": (self.presence_penalty, (None, 0), "penalties are not supported"),
+        }
+        for param, (value, allowed, why) in neutral.items():
+            if value not in allowed:
+                raise bad_request(f"{param}={value!r}: {why}.", param)
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported.", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed with stream: true.", "stream_options")
+        self.stop_strings()
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    modalities: list[Literal["text"]] | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def chat_messages(self, default_system: str | None) -> list[dict[str, str]]:
+        """Messages for the chat template; `developer` is the newer name for `system`.
+        The server's --system applies when the request has no system message."""
+        roles = {"developer": "system"}
+        messages = [
+            {"role": roles.get(m.role, m.role), "content": content_text(m.content)}
+            for m in self.messages
+        ]
+        if default_system and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": default_system})
+        return messages
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs or self.top_logprobs:
+            raise bad_request("logprobs are not supported.", "logprobs")
+        if self.tools:
+            raise bad_request("tools (function calling) are not supported.", "tools")
+        for i, message in enumerate(self.messages):
+            if message.content is None and message.role != "assistant":
+                raise bad_request(f"messages[{i}].content is required.", f"messages.{i}.content")
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise bad_request("prompt: send one string (batches are not supported).", "prompt")
+        return self.prompt[0]
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise bad_request("echo is not supported.", "echo")
+        if self.suffix:
+            raise bad_request("suffix (fill in the middle) is not supported.", "suffix")
+        if self.best_of not in (None, 1):
+            raise bad_request("only best_of=1 is supported.", "best_of")
+        if self.logprobs:
+            raise bad_request("logprobs are not supported.", "logprobs")
+        self.prompt_text()
+
+
+RequestT = TypeVar("RequestT", bound="_Sampling")
+
+
+def parse_request(body: bytes, model: type[RequestT]) -> RequestT:
+    """A validated request, or an ApiError(400) naming the first problem."""
+    try:
+        request = model.model_validate_json(body)
+    except ValidationError as error:
+        raise _validation_error(error) from None
+    request.check_supported()
+    return request
+
+
+def _validation_error(error: ValidationError) -> ApiError:
+    problems = error.errors(include_url=False)
+    if any(p["type"] == "json_invalid" for p in problems):
+        return bad_request("We could not parse the JSON body of your request: invalid JSON.")
+    # A union reports one error per branch; the one that got furthest is the useful one.
+    problem = max(problems, key=lambda p: len(p["loc"]))
+    loc = [str(part) for part in problem["loc"] if not _is_union_label(part)]
+    param = ".".join(loc) or None
+    if problem["type"] == "extra_forbidden":
+        return bad_request(f"Unrecognized request argument supplied: {param}", param)
+    if problem["type"] == "missing":
+        return bad_request(f"Missing required parameter: {param}", param)
+    if param is None:
+        return bad_request(f"The request body is not valid: {problem['msg']}.")
+    return bad_request(f"Invalid value for {param}: {problem['msg']}.", param)
+
+
+def _is_union_label(part: str | int) -> bool:
+    """pydantic names union branches in error locations ('str', 'list[TextPart]')."""
+    return isinstance(part, str) and bool(
+        re.search(r"\[|^[A-Z]", part) or part in ("str", "int", "float", "bool")
+    )
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+
+FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context": "length"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request produced, for the response body and the log line."""
+
+    finished: Finished
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.finished.finish_reason)
+
+
+def usage(answer: Answer) -> dict:
+    stats: GenerationStats = answer.finished.stats
+    completion = stats.generated
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": answer.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": answer.cached_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": stats.accepted_prediction_tokens,
+            "rejected_prediction_tokens": stats.rejected_prediction_tokens,
+        },
+        # specdec's extension: what speculative decoding did for this answer.
+        "specdec": {
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance": round(stats.acceptance, 4),
+            "target_passes": stats.target_passes,
+            "tokens_per_pass": round(stats.tokens_per_pass, 4),
+            "tokens_per_second": round(stats.tokens_per_second, 3),
+            "seconds": round(stats.seconds, 4),
+            "draft_sources": dict(stats.draft_sources),
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ResponseIds:
+    """What every chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> ResponseIds:
+        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
+
+    def head(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+class ChatShape:
+    """chat.completion and its chunks: a role delta first, then content deltas."""
+
+    prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
+
+    def whole(self, ids: ResponseIds, answer: Answer) -> dict:
+        message = {"role": "assistant", "content": answer.finished.text, "refusal": None}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": answer.finish_reason,
+        }
+        return {**ids.head("chat.completion"), "choices": [choice], "usage": usage(answer)}
+
+    def opening(self, ids: ResponseIds, with_usage: bool) -> list[dict]:
+        return [self._chunk(ids, {"role": "assistant", "content": ""}, None, with_usage)]
+
+    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict:
+        return self._chunk(ids, {"content": text}, None, with_usage)
+
+    def closing(self, ids: ResponseIds, answer: Answer, with_usage: bool) -> list[dict]:
+        last = self._chunk(ids, {}, answer.finish_reason, with_usage)
+        return [last, _usage_chunk(ids, self.chunk_object, answer)] if with_usage else [last]
+
+    def _chunk(self, ids: ResponseIds, delta: dict, finish: str | None, with_usage: bool) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _with_usage_slot({**ids.head(self.chunk_object), "choices": [choice]}, with_usage)
+
+
+class TextShape:
+    """text_completion, whole and in chunks."""
+
+    prefix = "cmpl"
+    chunk_object = "text_completion"
+
+    def whole(self, ids: ResponseIds, answer: Answer) -> dict:
+        choice = self._choice(answer.finished.text, answer.finish_reason)
+        return {**ids.head("text_completion"), "choices": [choice], "usage": usage(answer)}
+
+    def opening(self, ids: ResponseIds, with_usage: bool) -> list[dict]:
+        return []
+
+    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict:
+        chunk = {**ids.head(self.chunk_object), "choices": [self._choice(text, None)]}
+        return _with_usage_slot(chunk, with_usage)
+
+    def closing(self, ids: ResponseIds, answer: Answer, with_usage: bool) -> list[dict]:
+        chunk = {**ids.head(self.chunk_object), "choices": [self._choice("", answer.finish_reason)]}
+        last = _with_usage_slot(chunk, with_usage)
+        return [last, _usage_chunk(ids, self.chunk_object, answer)] if with_usage else [last]
+
+    @staticmethod
+    def _choice(text: str, finish: str | None) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+def _with_usage_slot(chunk: dict, with_usage: bool) -> dict:
+    """With include_usage every chunk carries "usage": null, all but the last."""
+    return {**chunk, "usage": None} if with_usage else chunk
+
+
+def _usage_chunk(ids: ResponseIds, kind: str, answer: Answer) -> dict:
+    return {**ids.head(kind), "choices": [], "usage": usage(answer)}
+
+
+def model_card(model_id: str, created: int) -> dict:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "specdec"}

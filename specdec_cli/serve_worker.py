@@ -1,0 +1,243 @@
+"""The one thread that owns the models. Requests wait in a bounded queue and run one at a
+time, in arrival order (llama.cpp contexts are not re-entrant).
+
+The async side hands over a `Job` and reads what the worker posts to it: `Started` once
+the prompt is tokenised and fits, then text deltas (str), then the `Answer`; or `Failed`.
+A job whose client went away is cancelled: the worker checks between engine events and
+stops iterating, which is all it takes to stop the engine.
+
+Both models' KV caches are kept between requests. `logits_for_suffix` compares each new
+prompt with what a cache holds and decodes only the rest, so a chat client resending the
+whole conversation pays only for the new turn. Unlike `chat.py`, the prompt is always
+tokenised afresh from the request: the answer to a request must not depend on which
+requests came before it (they may be another client's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, replace
+
+import jinja2
+
+from .backend import common_prefix_length, encode_chat
+from .drafters import Drafter
+from .engine import Finished, Generation, GenerationSettings, Piece
+from .errors import SpecdecError
+from .serve_protocol import Answer, ApiError, bad_request
+from .session import ModelPair, check_prompt_fits
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "The server is shutting down.", kind="server_error")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    text: str  # raw completion: as `specdec run --raw`
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Message = Started | str | Answer | Failed
+
+
+class Job:
+    """One request's work. Created on the event loop; the worker posts back to it."""
+
+    def __init__(
+        self,
+        prompt: ChatPrompt | TextPrompt,
+        settings: GenerationSettings,
+        prediction: str | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.prompt = prompt
+        self.settings = settings
+        self.prediction = prediction
+        self._loop = loop
+        self._messages: asyncio.Queue[Message] = asyncio.Queue()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    async def next(self) -> Message:
+        return await self._messages.get()
+
+    def post(self, message: Message) -> None:
+        """Called from the worker thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._messages.put_nowait, message)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.cancel()
+
+
+class Worker:
+    def __init__(self, pair: ModelPair, drafter: Drafter | None, *, max_queue: int) -> None:
+        self.pair = pair
+        self.drafter = drafter
+        self.max_queue = max_queue
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._current: Job | None = None
+        self._closed = False
+        self.received = 0  # jobs accepted since the start
+        self._thread = threading.Thread(target=self._serve, name="specdec-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Job) -> None:
+        if self._closed:
+            raise shutting_down()
+        try:
+            self._jobs.put_nowait(job)
+            self.received += 1
+        except queue.Full:
+            raise ApiError(
+                503,
+                f"The server is busy: {self.max_queue} requests are already waiting. "
+                "Retry shortly.",
+                kind="server_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+
+    def stop_all(self) -> None:
+        """Cancel the running job and every waiting one (the server is shutting down)."""
+        self._closed = True
+        current = self._current
+        if current is not None:
+            current.cancel()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+                job.post(Failed(shutting_down()))
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop_all()
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(timeout)
+
+    # -- the worker thread -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.cancelled:  # its client left while it waited
+                job.post(Failed(ApiError(499, "The client closed the request.")))
+                continue
+            self._current = job
+            clean, failure = True, None
+            try:
+                self._run(job)
+            except ApiError as error:
+                failure = error
+            except SpecdecError as error:  # e.g. llama_decode refused: the request's doing
+                clean, failure = False, bad_request(str(error))
+            except Exception as error:  # a bug: say so, keep serving
+                traceback.print_exc(file=sys.stderr)
+                message = f"Internal error: {type(error).__name__}: {error}"
+                clean, failure = False, ApiError(500, message, kind="server_error")
+            self._settle_caches(clean)  # before the client hears back: the next job may be its
+            self._current = None
+            if failure is not None:
+                job.post(Failed(failure))
+
+    def _run(self, job: Job) -> None:
+        target = self.pair.target
+        prompt = self._tokens(job.prompt)
+        try:
+            check_prompt_fits(prompt, target.n_ctx)
+        except SpecdecError as error:
+            param = "messages" if isinstance(job.prompt, ChatPrompt) else "prompt"
+            raise bad_request(str(error), param, "context_length_exceeded") from None
+        settings = job.settings
+        if job.prediction:
+            predicted = target.tokenize(job.prediction, add_special=False)
+            settings = replace(settings, prediction=tuple(predicted))
+        # logits_for_suffix always decodes at least the prompt's last token.
+        cached = min(common_prefix_length(target.cached, prompt), len(prompt) - 1)
+        job.post(Started(len(prompt), cached))
+
+        drafter = self.drafter if settings.draft_max > 0 else None
+        generation = Generation(target, prompt, settings, drafter=drafter)
+        events = generation.events()
+        finished: Finished | None = None
+        try:
+            for event in events:
+                if job.cancelled:  # the client went away: stop here, between two rounds
+                    break
+                if isinstance(event, Piece) and event.text:
+                    job.post(event.text)
+                elif isinstance(event, Finished):
+                    finished = event
+        finally:
+            events.close()
+        job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
+
+    def _tokens(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
+        target = self.pair.target
+        if isinstance(prompt, TextPrompt):
+            tokens = target.tokenize(prompt.text, add_special=True)
+        else:
+            if getattr(target, "chat_template", lambda: "")() is None:
+                raise bad_request(
+                    "This model has no chat template; use /v1/completions with a raw prompt."
+                )
+            try:
+                tokens = encode_chat(target, prompt.messages)
+            except jinja2.TemplateError as error:  # e.g. "roles must alternate"
+                raise bad_request(
+                    f"The model's chat template refused these messages: {error}", "messages"
+                ) from None
+        if not tokens:
+            raise bad_request("The prompt is empty.", "prompt")
+        return tokens
+
+    def _settle_caches(self, clean: bool) -> None:
+        """Leave both KV caches matching their token lists. After a clean end they already
+        do (this drops nothing); after an error in the middle of a decode, start over."""
+        for backend in (self.pair.target, self.pair.drafter):
+            if backend is not None:
+                try:
+                    backend.truncate(len(backend.cached) if clean else 0)
+                except RuntimeError:  # llama.cpp refused a partial removal: clear it all
+                    backend.truncate(0)

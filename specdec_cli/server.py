@@ -1,0 +1,483 @@
+"""`specdec serve`: OpenAI's HTTP API over one loaded model pair.
+
+Each route checks the key, validates the body (`serve_protocol`), hands a `Job` to the one
+worker thread (`serve_worker`) and sends back what the worker posts: one JSON body, or
+server-sent events as the tokens come. A client that goes away cancels its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import socket
+import sys
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import render, render_serve
+from .engine import GenerationSettings
+from .errors import SpecdecError
+from .render_serve import RequestLog, RequestRecord
+from .serve_protocol import (
+    Answer,
+    ApiError,
+    ChatRequest,
+    ChatShape,
+    CompletionRequest,
+    ResponseIds,
+    TextShape,
+    model_card,
+    parse_request,
+)
+from .serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker, shutting_down
+from .session import DecodeRequest, drafter_for, fit_context, load_models
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+SERVE_CONTEXT = 8192  # without --ctx-size: room for an editor's file and a long answer
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_queue: int = 16
+    json_log: bool = False
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    decode: DecodeRequest  # the models, and the defaults for what a request leaves out
+    options: ServeOptions
+    aliases: tuple[str, ...] = ()  # more names requests may give the model (--target as typed)
+
+
+class ServerState:
+    """What the routes share: the worker, the defaults, the model's names, the log."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        decode: DecodeRequest,
+        *,
+        aliases: tuple[str, ...] = (),
+        api_key: str | None = None,
+        log: RequestLog,
+    ) -> None:
+        self.worker = worker
+        self.decode = decode
+        self.defaults = decode.generation_settings()
+        self.model_id = decode.target.stem
+        self.model_names = {self.model_id, decode.target.name, *aliases}
+        self.created = int(decode.target.stat().st_mtime) if decode.target.exists() else 0
+        self.api_key = api_key
+        self.log = log
+        self._draining: set[asyncio.Task] = set()
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                401,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(
+                401,
+                "Incorrect API key provided.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist. This server serves `{self.model_id}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def settings_for(self, request: ChatRequest | CompletionRequest) -> GenerationSettings:
+        """The server's defaults (its command line), overridden by what the request sets."""
+        given = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
+        base = self.defaults
+        return replace(
+            base,
+            max_tokens=request.token_limit() or base.max_tokens,
+            stop=base.stop if request.stop is None else request.stop_strings(),
+            sampling=replace(base.sampling, **given),
+            seed=base.seed if request.seed is None else request.seed,
+        )
+
+    def log_when_done(self, job: Job, record: RequestRecord) -> None:
+        """Log a request whose client left once the worker has stopped its job."""
+
+        async def drain() -> None:
+            while True:
+                message = await job.next()
+                if isinstance(message, Answer):
+                    record.stats = message.finished.stats
+                    record.finish_reason = message.finished.finish_reason
+                    break
+                if isinstance(message, Failed):
+                    break
+            record.status, record.error = 499, "the client closed the request"
+            self.log.write(record)
+
+        task = asyncio.ensure_future(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(request, state, ChatRequest, ChatShape(), _chat_prompt(state))
+
+    async def completions(request: Request) -> Response:
+        return await _complete(request, state, CompletionRequest, TextShape(), _text_prompt)
+
+    async def list_models(request: Request) -> Response:
+        return _logged(request, state, lambda: {"object": "list", "data": [_card(state)]})
+
+    async def get_model(request: Request, model_id: str) -> Response:
+        def card() -> dict:
+            state.check_model(model_id)
+            return _card(state)
+
+        return _logged(request, state, card)
+
+    async def health() -> dict:
+        worker = state.worker
+        return {
+            "status": "ok",
+            "model": state.model_id,
+            "busy": worker.busy,
+            "queued": worker.queued,
+            "max_queue": worker.max_queue,
+            "received": worker.received,
+        }
+
+    # The same routes without /v1, as llama.cpp's server has them, for clients whose base
+    # URL leaves it out.
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
+        app.add_api_route(f"{prefix}/models/{{model_id:path}}", get_model, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"Invalid URL ({request.method} {request.url.path})"
+        elif exc.status_code == 405:
+            message = f"Invalid method for URL ({request.method} {request.url.path})"
+        else:
+            message = str(exc.detail)
+        error = ApiError(exc.status_code, message)
+        record = RequestRecord(request.method, request.url.path, time.perf_counter())
+        return _failed(state, record, error)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        error = ApiError(500, f"Internal error: {type(exc).__name__}", kind="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
+    return app
+
+
+def _card(state: ServerState) -> dict:
+    return model_card(state.model_id, state.created)
+
+
+def _chat_prompt(state: ServerState) -> Callable[[ChatRequest], ChatPrompt]:
+    return lambda request: ChatPrompt(request.chat_messages(state.decode.system))
+
+
+def _text_prompt(request: CompletionRequest) -> TextPrompt:
+    return TextPrompt(request.prompt_text())
+
+
+def _logged(request: Request, state: ServerState, body: Callable[[], dict]) -> Response:
+    record = RequestRecord(request.method, request.url.path, time.perf_counter())
+    try:
+        state.authorize(request)
+        response = JSONResponse(body())
+    except ApiError as error:
+        return _failed(state, record, error)
+    state.log.write(record)
+    return response
+
+
+def _failed(state: ServerState, record: RequestRecord, error: ApiError) -> Response:
+    record.status, record.error = error.status, error.message
+    state.log.write(record)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _complete(
+    request: Request,
+    state: ServerState,
+    request_type: type[ChatRequest] | type[CompletionRequest],
+    shape: ChatShape | TextShape,
+    make_prompt: Callable[..., ChatPrompt | TextPrompt],
+) -> Response:
+    record = RequestRecord(request.method, request.url.path, time.perf_counter())
+    try:
+        state.authorize(request)
+        parsed = parse_request(await _read_body(request), request_type)
+        record.stream = parsed.stream
+        state.check_model(parsed.model)
+        loop = asyncio.get_running_loop()
+        job = Job(make_prompt(parsed), state.settings_for(parsed), parsed.prediction_text(), loop)
+        state.worker.submit(job)
+        started = await _unless_disconnected(request, job, _started(job))
+        if started is None:
+            state.log_when_done(job, record)
+            return Response(status_code=499)
+        record.prompt_tokens, record.cached_tokens = started.prompt_tokens, started.cached_tokens
+        ids = ResponseIds.new(shape.prefix, state.model_id)
+        record.id = ids.id
+        if parsed.stream:
+            events = _events(job, ids, shape, parsed.include_usage(), record, state)
+            return _EventStream(events, job)
+        answer = await _unless_disconnected(request, job, _answer(job))
+        if answer is None:
+            state.log_when_done(job, record)
+            return Response(status_code=499)
+    except ApiError as error:
+        return _failed(state, record, error)
+    record.stats, record.finish_reason = answer.finished.stats, answer.finished.finish_reason
+    state.log.write(record)
+    return JSONResponse(shape.whole(ids, answer))
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise _too_large()
+    return bytes(body)
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, f"The request body is larger than {MAX_BODY_BYTES // 2**20} MiB.")
+
+
+async def _started(job: Job) -> Started:
+    message = await job.next()
+    if isinstance(message, Failed):
+        raise message.error
+    assert isinstance(message, Started), message
+    return message
+
+
+async def _answer(job: Job) -> Answer:
+    while True:
+        message = await job.next()
+        if isinstance(message, Answer):
+            if message.finished.finish_reason == "interrupted":
+                raise shutting_down()  # only shutdown stops a job whose client is still there
+            return message
+        if isinstance(message, Failed):
+            raise message.error
+
+
+async def _unless_disconnected(request: Request, job: Job, awaitable: Awaitable):
+    """The awaitable's result, or None (and the job cancelled) if the client goes first."""
+    work = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work.done() and not work.cancelled():
+        return work.result()
+    job.cancel()
+    return None
+
+
+async def _disconnect(request: Request) -> None:
+    # The body has been read, so the next message the server sends is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _events(
+    job: Job,
+    ids: ResponseIds,
+    shape: ChatShape | TextShape,
+    with_usage: bool,
+    record: RequestRecord,
+    state: ServerState,
+) -> AsyncGenerator[str, None]:
+    ended = False
+    try:
+        for chunk in shape.opening(ids, with_usage):
+            yield _sse(chunk)
+        while not ended:
+            message = await job.next()
+            if isinstance(message, str):
+                yield _sse(shape.delta(ids, message, with_usage))
+                continue
+            ended = True
+            error = message.error if isinstance(message, Failed) else None
+            if isinstance(message, Answer):
+                record.stats = message.finished.stats
+                record.finish_reason = message.finished.finish_reason
+                if record.finish_reason == "interrupted":
+                    error = shutting_down()
+            if error is None:
+                assert isinstance(message, Answer)  # Started never comes twice; Failed has an error
+                state.log.write(record)
+                for chunk in shape.closing(ids, message, with_usage):
+                    yield _sse(chunk)
+                yield "data: [DONE]\n\n"
+            else:  # the headers are sent: the error goes in the stream
+                record.status, record.error = error.status, error.message
+                state.log.write(record)
+                yield _sse(error.body())
+    finally:
+        if not ended:  # the client went away mid-stream
+            job.cancel()
+            state.log_when_done(job, record)
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events. Starlette stops the stream when the client disconnects; this
+    also makes sure the job is cancelled and the generator closed right then."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[str, None], job: Job) -> None:
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+        self._job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._job.cancel()  # nothing left to do when the answer is complete
+            await self._events.aclose()
+
+
+# ---- running it -----------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
+        super().__init__(config)
+        self._worker = worker
+
+    def handle_exit(self, sig, frame) -> None:
+        # End the answers in progress now, so open streams close and shutdown is quick.
+        self._worker.stop_all()
+        super().handle_exit(sig, frame)
+        # uvicorn raises the signal again once it has shut down (so Ctrl-C would end in a
+        # KeyboardInterrupt and SIGTERM in death by signal); for a server, being told to
+        # stop is the normal way to end: shut down, then exit 0.
+        self._captured_signals.clear()
+
+
+def serve(request: ServeRequest) -> int:
+    options = request.options
+    console = render.stderr_console()
+    if not is_loopback(options.host):
+        render_serve.print_network_warning(console, options.host, options.api_key is not None)
+    sock = _listen(options.host, options.port)
+    loading = console.status("loading models…", spinner="dots")
+    with loading if console.is_terminal else contextlib.nullcontext():
+        pair = load_models(request.decode)
+        fit_context(pair, request.decode.hardware, SERVE_CONTEXT)
+        drafter = drafter_for(request.decode, pair)
+    worker = Worker(pair, drafter, max_queue=options.max_queue)
+    log = RequestLog(sys.stderr, json_lines=options.json_log)
+    state = ServerState(
+        worker, request.decode, aliases=request.aliases, api_key=options.api_key, log=log
+    )
+    config = uvicorn.Config(
+        create_app(state),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        server_header=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = _Server(config, worker)
+    worker.start()
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    drafter_label = _drafter_label(request.decode)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    render_serve.print_listening(console, url, state.model_id, drafter_label)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        worker.close()
+        sock.close()
+    console.print("specdec serve: stopped", highlight=False)
+    return 0 if server.started else 1
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before loading the models: a port in use fails at once, and requests that
+    arrive while the models load wait in the backlog."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as error:
+        raise SpecdecError(
+            f"cannot listen on {host}:{port}: {error.strerror or error}.",
+            "Pick another --port (0: any free port), or stop what is using it.",
+        ) from None
+    return sock
+
+
+def _drafter_label(decode: DecodeRequest) -> str | None:
+    if decode.drafter_mode == "none":
+        return None
+    if decode.draft is None:
+        return "prompt lookup"
+    return f"{Path(decode.draft).stem} ({decode.drafter_mode})"

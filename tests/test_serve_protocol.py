@@ -1,0 +1,152 @@
+"""The server's request validation, request defaults and log lines, without a server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdec_cli.render_serve import RequestRecord, request_line
+from specdec_cli.sampling import SamplingSettings
+from specdec_cli.serve_protocol import ApiError, ChatRequest, CompletionRequest, parse_request
+from specdec_cli.server import ServerState
+from specdec_cli.session import DecodeRequest, HardwareOptions
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> ChatRequest:
+    return parse_request(json.dumps({"messages": USER, **fields}).encode(), ChatRequest)
+
+
+def refused(**fields) -> ApiError:
+    with pytest.raises(ApiError) as error:
+        chat(**fields)
+    assert error.value.status == 400
+    return error.value
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted():
+    # What editors and SDKs commonly send explicitly.
+    chat(
+        n=1,
+        frequency_penalty=0,
+        presence_penalty=0.0,
+        logprobs=False,
+        user="someone",
+        tool_choice="none",
+        tools=[],
+        response_format={"type": "text"},
+        stream=True,
+        stream_options={"include_usage": True},
+        metadata={"a": "b"},
+        store=False,
+        parallel_tool_calls=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 3}, "n"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"temperature": float("inf")}, "temperature"),
+    ],
+)
+def test_fields_that_would_be_ignored_are_refused(fields, param):
+    assert refused(**fields).param == param
+
+
+def test_messages_for_the_template():
+    request = chat(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "assistant", "content": None},
+        ]
+    )
+    assert request.chat_messages("server default") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": ""},
+    ]
+    assert chat().chat_messages("server default")[0] == {
+        "role": "system",
+        "content": "server default",
+    }
+    assert chat().chat_messages(None) == USER
+
+
+def test_a_completion_prompt_is_one_string():
+    body = {"prompt": ["one", "two"]}
+    with pytest.raises(ApiError) as error:
+        parse_request(json.dumps(body).encode(), CompletionRequest)
+    assert error.value.param == "prompt"
+    request = parse_request(b'{"prompt": ["one"]}', CompletionRequest)
+    assert request.prompt_text() == "one"
+
+
+def test_request_fields_override_the_server_defaults(tiny_models):
+    decode = DecodeRequest(
+        target=Path(tiny_models.target),
+        draft=None,
+        drafter_mode="none",
+        system=None,
+        sampling=SamplingSettings(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05),
+        seed=7,
+        max_tokens=100,
+        stop=("END",),
+        draft_max=8,
+        hardware=HardwareOptions(),
+    )
+    state = ServerState(None, decode, log=None)
+    defaults = state.settings_for(chat())
+    assert defaults == decode.generation_settings()
+    custom = state.settings_for(
+        chat(temperature=0.7, top_k=5, max_completion_tokens=9, max_tokens=50, stop="x", seed=1)
+    )
+    assert custom.sampling == SamplingSettings(temperature=0.7, top_k=5, top_p=0.95, min_p=0.05)
+    assert custom.max_tokens == 9  # max_completion_tokens is the newer name, and wins
+    assert custom.stop == ("x",)
+    assert custom.seed == 1
+    assert custom.draft_max == 8
+
+
+def test_model_names():
+    state = ServerState.__new__(ServerState)
+    state.model_id, state.model_names = "m", {"m", "m.gguf", "large"}
+    state.check_model(None)
+    state.check_model("large")
+    with pytest.raises(ApiError) as error:
+        state.check_model("gpt-4o")
+    assert error.value.status == 404 and error.value.code == "model_not_found"
+
+
+def test_the_text_log_line():
+    from specdec_cli.engine import GenerationStats
+
+    stats = GenerationStats(generated=40, drafted=30, accepted=24, target_passes=10, seconds=2.0)
+    record = RequestRecord("POST", "/v1/chat/completions", started=0.0, stream=True)
+    record.prompt_tokens, record.cached_tokens = 120, 100
+    record.stats, record.finish_reason = stats, "stop"
+    line = request_line(record.as_dict(seconds=2.5))
+    for part in (
+        "POST /v1/chat/completions 200 stream",
+        "prompt 120 (cached 100)",
+        "40 tokens 20.0 tok/s",
+        "accepted 24/30 (80%)",
+        "4.00 tok/pass",
+        "stop",
+        "2.50 s",
+    ):
+        assert part in line
+    assert "\n" not in line

@@ -1,0 +1,98 @@
+"""The server's worker thread on the tiny GGUF target, in process: what it posts, what
+reaches the engine, and caches left consistent when a generation fails."""
+
+from __future__ import annotations
+
+import asyncio
+
+import jinja2
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from specdec_cli import serve_worker  # noqa: E402
+from specdec_cli.engine import Generation, GenerationSettings  # noqa: E402
+from specdec_cli.serve_protocol import Answer  # noqa: E402
+from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker  # noqa: E402
+from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
+
+
+@pytest.fixture
+def worker(tiny_models):
+    pair = load_pair(
+        tiny_models.target, tiny_models.close_drafter, HardwareOptions(ctx_size=512, threads=1)
+    )
+    worker = Worker(pair, None, max_queue=4)
+    worker.start()
+    yield worker
+    worker.close()
+
+
+def run_job(worker: Worker, prompt, settings: GenerationSettings, prediction=None) -> list:
+    async def go() -> list:
+        job = Job(prompt, settings, prediction, asyncio.get_running_loop())
+        worker.submit(job)
+        messages = [await job.next()]
+        while not isinstance(messages[-1], Answer | Failed):
+            messages.append(await job.next())
+        return messages
+
+    return asyncio.run(go())
+
+
+def test_started_then_text_then_the_answer(worker):
+    messages = run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=12))
+    started, *texts, answer = messages
+    assert isinstance(started, Started) and started.prompt_tokens > 1
+    assert isinstance(answer, Answer)
+    assert "".join(texts) == answer.finished.text
+    assert answer.finished.stats.generated == 12
+
+
+def test_the_prediction_reaches_the_engine_as_target_tokens(worker, monkeypatch):
+    seen: list[GenerationSettings] = []
+
+    class Recording(Generation):
+        def __init__(self, target, prompt, settings, **kwargs) -> None:
+            seen.append(settings)
+            super().__init__(target, prompt, settings, **kwargs)
+
+    monkeypatch.setattr(serve_worker, "Generation", Recording)
+    run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=4), "sat on the mat")
+    expected = worker.pair.target.tokenize("sat on the mat", add_special=False)
+    assert seen[0].prediction == tuple(expected) and expected
+
+
+def test_a_failing_generation_is_a_500_and_leaves_the_caches_consistent(worker, monkeypatch):
+    prompt = ChatPrompt([{"role": "user", "content": "the cat sat on"}])
+    settings = GenerationSettings(max_tokens=16)
+    before = run_job(worker, prompt, settings)[-1].finished.text
+
+    class Failing(Generation):
+        def events(self):
+            for n, event in enumerate(super().events()):
+                if n == 3:
+                    raise RuntimeError("a bug in the middle of an answer")
+                yield event
+
+    monkeypatch.setattr(serve_worker, "Generation", Failing)
+    failed = run_job(worker, prompt, settings)[-1]
+    assert isinstance(failed, Failed) and failed.error.status == 500
+    for backend in (worker.pair.target, worker.pair.drafter):
+        assert backend.cached == []  # started over rather than trusting a half-done decode
+
+    monkeypatch.setattr(serve_worker, "Generation", Generation)
+    assert run_job(worker, prompt, settings)[-1].finished.text == before
+
+
+def test_a_template_that_refuses_the_messages_is_a_400(worker, monkeypatch):
+    def refuse(messages):
+        raise jinja2.TemplateError("Conversation roles must alternate user/assistant")
+
+    monkeypatch.setattr(worker.pair.target, "format_chat", refuse)
+    prompt = ChatPrompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    failed = run_job(worker, prompt, GenerationSettings(max_tokens=4))[-1]
+    assert isinstance(failed, Failed)
+    assert failed.error.status == 400 and "alternate" in failed.error.message
+    answer = run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=4))[-1]
+    assert isinstance(answer, Answer)

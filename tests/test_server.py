@@ -1,0 +1,548 @@
+"""`specdec serve` as a real process on 127.0.0.1, on the tiny GGUF pair: the official
+`openai` client, raw HTTP for what a client library would not send, 8 clients at once,
+a client that disconnects mid-stream, and greedy identity with `specdec run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from specdec_cli.cli import app  # noqa: E402
+
+KEY = "test-key"
+CTX = 32768
+LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on for 6000+ tokens
+LONG_CHAT = "one two three four"  # chat, greedy: ~1500 tokens before it stops
+
+
+class ServerProcess:
+    """`python -m specdec_cli serve` on a free port; stderr collected line by line."""
+
+    def __init__(self, *args: str, home: Path | None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if home is not None:
+            env["SPECDEC_HOME"] = str(home)
+        env.pop("SPECDEC_API_KEY", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._listening = threading.Event()
+        self.url = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._listening.wait(300):
+            self.stop()
+            pytest.fail("the server did not start:\n" + "\n".join(self.lines))
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                self._listening.set()
+        self._listening.set()  # the process ended: stop waiting
+
+    def log(self) -> list[dict]:
+        """The --json-log lines so far."""
+        return [json.loads(line) for line in self.lines if line.startswith("{")]
+
+    def wait_for_log(self, predicate, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [record for record in self.log() if predicate(record)]
+            if found:
+                return found[-1]
+            time.sleep(0.05)
+        raise AssertionError("no such log line:\n" + "\n".join(self.lines))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """Ctrl-C, as a user stops it; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError("the server did not stop within the timeout") from None
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    home = tmp_path_factory.mktemp("serve-home")
+    process = ServerProcess(
+        *("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter)),
+        *("--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1"),
+        *("--api-key", KEY, "--json-log"),
+        home=home,
+    )
+    yield process
+    assert process.stop() == 0, "\n".join(process.lines)
+    assert "specdec serve: stopped" in process.lines
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def http(server, method: str, path: str, *, key: str | None = KEY, **kwargs) -> httpx.Response:
+    headers = kwargs.pop("headers", {})
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.request(method, server.url + path, headers=headers, timeout=60, **kwargs)
+
+
+def complete(server, prompt: str, max_tokens: int = 8, **fields) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, **fields}
+    response = http(server, "POST", "/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def chat_answer(client, text: str, max_tokens: int, **fields):
+    return client.chat.completions.create(
+        model="target",
+        messages=[{"role": "user", "content": text}],
+        max_tokens=max_tokens,
+        temperature=0,
+        **fields,
+    )
+
+
+# ---- the official openai client -------------------------------------------------------------
+
+
+def test_models_lists_the_target(client):
+    assert [model.id for model in client.models.list()] == ["target"]
+
+
+def test_chat_completion(client):
+    answer = chat_answer(client, "the cat sat on", 32)
+    choice = answer.choices[0]
+    assert answer.object == "chat.completion"
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason == "length"
+    usage = answer.usage
+    assert usage.completion_tokens == 32
+    assert usage.prompt_tokens > 5
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    specdec = usage.model_extra["specdec"]
+    assert 0 < specdec["accepted"] <= specdec["drafted"]  # --drafter fixed drafts every round
+    assert specdec["target_passes"] < 32
+    assert specdec["tokens_per_pass"] == pytest.approx(32 / specdec["target_passes"], abs=1e-3)
+
+
+def test_streaming_sends_the_first_chunk_before_the_answer_ends(client):
+    started = time.perf_counter()
+    stream = chat_answer(
+        client, LONG_CHAT, 300, stream=True, stream_options={"include_usage": True}
+    )
+    arrivals, pieces, finish, usage = [], [], None, None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.perf_counter() - started)
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+        if chunk.usage is not None:
+            usage = chunk.usage
+    ended = time.perf_counter() - started
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 300
+    assert len(arrivals) > 10
+    assert arrivals[0] < ended / 2, (arrivals[0], ended)  # not buffered until the end
+    whole = chat_answer(client, LONG_CHAT, 300)
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_prediction_is_accepted_and_counted(client):
+    plain = chat_answer(client, "the cat sat on", 40)
+    text = plain.choices[0].message.content
+    predicted = chat_answer(
+        client, "the cat sat on", 40, prediction={"type": "content", "content": text}
+    )
+    assert predicted.choices[0].message.content == text  # a prediction never changes the answer
+    details = predicted.usage.completion_tokens_details
+    accepted, rejected = details.accepted_prediction_tokens, details.rejected_prediction_tokens
+    assert isinstance(accepted, int) and isinstance(rejected, int)
+    assert 0 <= accepted <= predicted.usage.completion_tokens
+    assert rejected >= 0
+    parts = chat_answer(
+        client,
+        "the cat sat on",
+        40,
+        prediction={"type": "content", "content": [{"type": "text", "text": text}]},
+    )
+    assert parts.choices[0].message.content == text
+
+
+def test_completions_endpoint(client):
+    answer = client.completions.create(model="target", prompt="the cat", max_tokens=12)
+    assert answer.object == "text_completion"
+    assert answer.choices[0].text
+    assert answer.usage.completion_tokens == 12
+
+
+def test_a_conversation_reuses_the_cached_prefix(client):
+    history = [{"role": "user", "content": "the cat sat on the mat"}]
+    first = client.chat.completions.create(model="target", messages=history, max_tokens=20)
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and then"},
+    ]
+    second = client.chat.completions.create(model="target", messages=history, max_tokens=20)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens  # at least the whole first prompt
+    assert cached < second.usage.prompt_tokens
+
+
+# ---- raw HTTP: what a client library would refuse to send -----------------------------------
+
+GOOD = {"messages": [{"role": "user", "content": "what is the time"}], "max_tokens": 8}
+BAD_REQUESTS = {
+    "malformed JSON": (b'{"messages": [', 400, None),
+    "not an object": (b"[1, 2]", 400, None),
+    "empty body": (b"", 400, None),
+    "messages of the wrong type": ({"messages": "hi"}, 400, "messages"),
+    "temperature as a string": ({**GOOD, "temperature": "hot"}, 400, "temperature"),
+    "temperature out of range": ({**GOOD, "temperature": 5}, 400, "temperature"),
+    "max_tokens zero": ({**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    "max_tokens as a bool": ({**GOOD, "max_tokens": True}, 400, "max_tokens"),
+    "top_p above one": ({**GOOD, "top_p": 1.5}, 400, "top_p"),
+    "negative seed": ({**GOOD, "seed": -1}, 400, "seed"),
+    "unknown field": ({**GOOD, "frobnicate": 1}, 400, "frobnicate"),
+    "no messages": ({"messages": []}, 400, "messages"),
+    "an unknown role": ({"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+    "an image part": (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        None,
+    ),
+    "n of two": ({**GOOD, "n": 2}, 400, "n"),
+    "tools": ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    "a prediction of the wrong type": ({**GOOD, "prediction": {"type": "x"}}, 400, None),
+    "a 100 kB prompt": (
+        {"messages": [{"role": "user", "content": "0123456789" * 10_000}]},
+        400,
+        "messages",
+    ),
+    "an unknown model": ({**GOOD, "model": "gpt-4o"}, 404, "model"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    response = http(server, "POST", "/v1/chat/completions", json=GOOD)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def assert_still_answers(server, reference: str) -> None:
+    response = http(server, "POST", "/v1/chat/completions", json=GOOD)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == reference
+
+
+def assert_error_shape(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, reference, case):
+    body, status, param = BAD_REQUESTS[case]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = http(server, "POST", "/v1/chat/completions", content=content)
+    error = assert_error_shape(response, status)
+    if param is not None:
+        assert error["param"] == param
+    if case == "a 100 kB prompt":
+        assert error["code"] == "context_length_exceeded"
+    assert_still_answers(server, reference)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/nothing"), ("POST", "/v1/embeddings"), ("GET", "/v1/models/gpt-4o")],
+)
+def test_unknown_routes_and_models_are_404(server, method, path):
+    assert_error_shape(http(server, method, path), 404)
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong-key", "Bearer", f"Basic {KEY}", f"Bearer {KEY}x"]
+)
+def test_a_missing_or_wrong_api_key_is_401(server, reference, authorization):
+    headers = {} if authorization is None else {"Authorization": authorization}
+    for method, path, body in [
+        ("POST", "/v1/chat/completions", GOOD),
+        ("POST", "/v1/completions", {"prompt": "x"}),
+        ("GET", "/v1/models", None),
+    ]:
+        response = http(server, method, path, key=None, headers=dict(headers), json=body)
+        assert_error_shape(response, 401)
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    assert http(server, "GET", "/health", key=None).json()["status"] == "ok"
+    assert_still_answers(server, reference)
+
+
+# ---- many clients, and clients that leave ----------------------------------------------------
+
+
+def test_eight_clients_at_once_are_answered_in_arrival_order(server):
+    # The first asks for a long answer; the other seven arrive one by one while it runs.
+    asks = [(LONG_PROMPT, 1000)] + [(f"{'the ' * i}cat number {i}", 150 + i) for i in range(1, 8)]
+    results: dict[int, dict] = {}
+    received = http(server, "GET", "/health").json()["received"]
+    most_waiting = 0
+
+    def ask(i: int) -> None:
+        prompt, max_tokens = asks[i]
+        results[i] = complete(server, prompt, max_tokens=max_tokens)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for i, thread in enumerate(threads):
+        thread.start()
+        deadline = time.monotonic() + 10
+        while True:  # wait until the server holds it, so that arrival order is defined
+            health = http(server, "GET", "/health").json()
+            most_waiting = max(most_waiting, health["queued"])
+            if health["received"] == received + i + 1:
+                break
+            assert time.monotonic() < deadline, f"request {i} never arrived ({health})"
+            time.sleep(0.005)
+    for thread in threads:
+        thread.join(120)
+    assert sorted(results) == list(range(8)), "a request was lost"
+    assert most_waiting >= 3  # they were really there at once
+
+    ids = [results[i]["id"] for i in range(8)]
+    server.wait_for_log(lambda r: r.get("id") == ids[-1])
+    logged = [r["id"] for r in server.log() if r.get("id") in ids]
+    assert logged == ids  # answered one at a time, first come first served
+
+    for i, answer in results.items():  # nobody got someone else's answer
+        alone = complete(server, asks[i][0], max_tokens=asks[i][1])
+        assert answer["choices"][0]["text"] == alone["choices"][0]["text"], i
+        assert answer["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
+        assert answer["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"]
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_models(server):
+    body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        received = [line for line, _ in zip(lines, range(6), strict=False) if line]
+        assert received and received[0].startswith("data: ")
+    left = time.perf_counter()
+    answer = complete(server, "the cat", max_tokens=8)  # queued behind the abandoned answer
+    waited = time.perf_counter() - left
+    assert answer["usage"]["completion_tokens"] == 8
+    abandoned = server.wait_for_log(
+        lambda r: r.get("stream") and r.get("finish_reason") == "interrupted"
+    )
+    assert abandoned["status"] == 499
+    assert abandoned["completion_tokens"] < 1000  # the full answer is 6000 tokens, ~40 s
+    assert waited < 5.0
+
+
+def test_a_client_that_leaves_a_plain_request_stops_it(server):
+    body = {"prompt": LONG_PROMPT, "max_tokens": 6000}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=0.5)
+    assert complete(server, "the cat", max_tokens=8)["usage"]["completion_tokens"] == 8
+    abandoned = server.wait_for_log(
+        lambda r: not r.get("stream") and r.get("finish_reason") == "interrupted"
+    )
+    assert abandoned["status"] == 499
+    assert abandoned["completion_tokens"] < 6000
+
+
+def test_every_request_is_logged(server):
+    log = server.log()
+    assert log, "\n".join(server.lines)
+    answered = [r for r in log if r["status"] == 200 and r["path"] == "/v1/chat/completions"]
+    assert answered and all("tokens_per_second" in r and "acceptance" in r for r in answered)
+    assert any(r["status"] == 401 for r in log)
+
+
+# ---- identity with `specdec run` ------------------------------------------------------------
+
+
+def run_json(*args: str) -> dict:
+    result = CliRunner().invoke(app, ["run", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("prompt", ["the cat sat on", "what is the time"])
+def test_greedy_output_is_byte_identical_to_specdec_run(server, tiny_models, prompt):
+    models = ("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter))
+    same = (*models, "--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1", "-n", "48")
+    chat = http(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 48},
+    ).json()
+    ran = run_json(prompt, *same)
+    assert chat["choices"][0]["message"]["content"] == ran["text"]
+    assert chat["usage"]["completion_tokens"] == ran["stats"]["generated_tokens"]
+    assert chat["usage"]["prompt_tokens"] == ran["stats"]["prompt_tokens"]
+
+    raw = complete(server, prompt, max_tokens=48)
+    ran_raw = run_json(prompt, "--raw", *same)
+    assert raw["choices"][0]["text"] == ran_raw["text"]
+
+
+# ---- a full queue, shutdown, start-up errors ------------------------------------------------
+
+
+def test_a_full_queue_answers_503_and_shutdown_is_clean(tiny_models, tmp_path):
+    server = ServerProcess(
+        *("--target", str(tiny_models.target), "--no-draft", "--max-queue", "1"),
+        *("--ctx-size", str(CTX), "--threads", "1"),
+        home=tmp_path,
+    )
+    body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
+    streamed: list[dict] = []
+    first_chunk = threading.Event()
+    queued: list[httpx.Response] = []
+
+    def stream_the_long_answer() -> None:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    streamed.append(json.loads(line[6:]))
+                    first_chunk.set()
+
+    def wait_in_the_queue() -> None:
+        queued.append(httpx.post(server.url + "/v1/completions", json=body, timeout=60))
+
+    threads = [threading.Thread(target=stream_the_long_answer)]
+    try:
+        threads[0].start()
+        assert first_chunk.wait(30), "the first request never started"
+        threads.append(threading.Thread(target=wait_in_the_queue))
+        threads[1].start()
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url + "/health").json()["queued"] < 1:
+            assert time.monotonic() < deadline, "the second request never queued"
+            time.sleep(0.02)
+
+        refused = httpx.post(server.url + "/v1/completions", json=body, timeout=10)
+        assert_error_shape(refused, 503)
+        assert refused.headers["Retry-After"] == "1"
+
+        # Ctrl-C with one answer streaming and one waiting: both end, and the process exits
+        # 0 promptly (not after the 6000 tokens).
+        stopping = time.perf_counter()
+        assert server.stop() == 0, "\n".join(server.lines)
+        assert time.perf_counter() - stopping < 10
+        for thread in threads:
+            thread.join(10)
+        assert "error" in streamed[-1]  # the stream says why it ends early
+        assert streamed[-1]["error"]["message"] == "The server is shutting down."
+        assert queued and queued[0].status_code == 503
+    finally:
+        server.stop()
+
+
+def test_port_in_use_and_the_network_warning(tiny_models):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            app,
+            [
+                "serve",
+                "--target",
+                str(tiny_models.target),
+                "--no-draft",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(port),
+            ],
+        )
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert "open" in lines[0] and "network" in lines[0] and "--api-key" in lines[0]
+    assert f"cannot listen on 0.0.0.0:{port}" in lines[1]
+
+
+# ---- the real pair --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_real_pair_through_the_openai_client():
+    """Greedy output byte-identical to `specdec run` with the same settings (both fresh,
+    both drafting the same fixed way, so the same decodes run in the same order), a
+    prediction that leaves the answer unchanged, and a second turn that reuses the cache."""
+    from specdec_cli.fetch import resolve_model
+
+    target, drafter = resolve_model("large").path, resolve_model("small").path
+    settings = ("--drafter", "fixed", "--ctx-size", "2048", "-n", "64")
+    models = ("--target", str(target), "--draft", str(drafter))
+    question = "Write a Python function that checks whether a string is a palindrome."
+    server = ServerProcess(*models, *settings, "--json-log", home=None)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": question}]
+        first = client.chat.completions.create(model=target.stem, messages=messages)
+        text = first.choices[0].message.content
+        assert first.usage.model_extra["specdec"]["accepted"] > 0
+        predicted = client.chat.completions.create(
+            model=target.stem,
+            messages=messages,
+            prediction={"type": "content", "content": text},
+        )
+        assert predicted.choices[0].message.content == text
+        details = predicted.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens is not None
+        assert details.rejected_prediction_tokens is not None
+        follow_up = [
+            *messages,
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "Now make it ignore case."},
+        ]
+        second = client.chat.completions.create(model=target.stem, messages=follow_up)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert cached >= first.usage.prompt_tokens
+    finally:
+        assert server.stop() == 0, "\n".join(server.lines)
+    ran = run_json(question, *models, *settings)
+    assert text == ran["text"]
