@@ -30,6 +30,7 @@ from .drafters import (
     NgramDrafter,
     NgramMatch,
     Outcome,
+    PredictionIndex,
 )
 from .sampling import SamplingSettings, TokenChooser
 
@@ -149,6 +150,9 @@ CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 # matches are copies in progress. Cautious, since each wrong guess costs a verification:
 # edits reach these rates and more, prose and fresh code far less. Learned per answer.
 NGRAM_FIRST_PRIORS = (0.2, 0.4, 0.6, 0.7, 0.75)
+# The same for drafts from a prediction: text the user expects the answer to repeat, so
+# trusted more from the start; learned per answer like the others.
+PREDICTION_FIRST_PRIORS = (0.5, 0.65, 0.75, 0.85, 0.9)
 
 
 @dataclass
@@ -165,9 +169,17 @@ class AcceptanceModel:
     ngram_first: dict[int, Rate] = field(default_factory=dict)
     ngram_next: Rate = field(default_factory=lambda: Rate(0.85))
     model_first: Rate = field(default_factory=lambda: Rate(0.6))
+    prediction_first: dict[int, Rate] = field(default_factory=dict)
+    prediction_next: Rate = field(default_factory=lambda: Rate(0.95))
 
     def for_confidence(self, confidence: float) -> Rate:
         return self.by_confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, "right"))]
+
+    def for_prediction(self, match_length: int) -> Rate:
+        bucket = min(match_length, len(PREDICTION_FIRST_PRIORS))
+        if bucket not in self.prediction_first:
+            self.prediction_first[bucket] = Rate(PREDICTION_FIRST_PRIORS[bucket - 1])
+        return self.prediction_first[bucket]
 
     def for_ngram(self, match_length: int) -> Rate:
         bucket = min(match_length, len(NGRAM_FIRST_PRIORS))
@@ -185,6 +197,9 @@ class AcceptanceModel:
                     self.model_first.update(hit)
             elif draft.source == "ngram":
                 (self.for_ngram(draft.match_length) if i == 0 else self.ngram_next).update(hit)
+            elif draft.source == "prediction":
+                first = self.for_prediction(draft.match_length)
+                (first if i == 0 else self.prediction_next).update(hit)
 
 
 def expected_tokens(first: float, following: float, k: int) -> float:
@@ -242,6 +257,8 @@ class AdaptiveDrafter:
     margin: float = 1.02  # a plan must beat the target alone by this much
     model_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     ngram_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
+    prediction: PredictionIndex | None = None  # this answer's Predicted Outputs, if any
+    prompt_length: int = 0
 
     def propose(
         self,
@@ -254,6 +271,10 @@ class AdaptiveDrafter:
         catch_up = self._catch_up_seconds(context)
         model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
         match, k, ngram_rate = self._ngram_plan(context, max_tokens)
+        predicted, k_predicted, prediction_rate = self._prediction_plan(context, max_tokens)
+        best_other = max(model_rate, ngram_rate, plain_rate * self.margin)
+        if self.prediction is not None and k_predicted and prediction_rate >= best_other:
+            return self.prediction.take(predicted, k_predicted)
         if self.ngram is not None and match.tokens:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
                 self.ngram_probes.paid()
@@ -275,6 +296,10 @@ class AdaptiveDrafter:
             return self._model_draft(context, max_tokens, sampling, chooser, at_least=1)
         self.model_probes.skipped()
         return Draft.empty()
+
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
+        self.prompt_length = prompt_length
+        self.prediction = PredictionIndex(prediction) if prediction else None
 
     def observe(self, outcome: Outcome) -> None:
         draft = outcome.draft
@@ -299,6 +324,21 @@ class AdaptiveDrafter:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
+
+    def _prediction_plan(
+        self, context: Sequence[int], max_tokens: int
+    ) -> tuple[NgramMatch, int, float]:
+        """What the prediction says comes next (looked up, not taken), the best length to
+        use (0: none) and its rate."""
+        if self.prediction is None:
+            return NO_MATCH, 0, 0.0
+        match = self.prediction.lookup(context[self.prompt_length :], max_tokens)
+        if not match.tokens:
+            return match, 0, 0.0
+        first = self.acceptance.for_prediction(match.length).value
+        following = self.acceptance.prediction_next.value
+        k, rate = self._best_length(first, following, len(match.tokens), 0.0)
+        return match, k, rate
 
     def _ngram_plan(self, context: Sequence[int], max_tokens: int) -> tuple[NgramMatch, int, float]:
         """The match (looked up, not taken), the best length to use (0: none), its rate."""

@@ -28,15 +28,17 @@ import numpy as np
 import yaml
 
 from .adaptive import (
+    ADAPTIVE_DRAFT_LIMIT,
     DRAFTER_MODES,
     NEEDS_DRAFT_MODEL,
+    CostModel,
     build_drafter,
     default_draft_max,
     measure_pair_costs,
 )
 from .backend import Backend, encode_chat
 from .comparison import Comparison, compare_outputs
-from .drafters import Drafter
+from .drafters import Draft, Drafter, Outcome, ngram_draft
 from .engine import (
     Finished,
     FinishReason,
@@ -48,7 +50,7 @@ from .engine import (
 )
 from .errors import BadUsageError, SpecdecError
 from .json_cache import read_json_cache, write_json_cache
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, TokenChooser
 from .session import (
     HardwareOptions,
     ModelPair,
@@ -56,12 +58,16 @@ from .session import (
     fit_context,
     load_drafter,
     load_pair,
+    prediction_tokens,
     prompt_tokens,
 )
 
 SCHEMA = "specdec.bench/1"
 TARGET_ALONE = "target alone"  # always llama.cpp's default kernels: the speed to beat
 EXACT_ALONE = "target alone, exact"  # batch-invariant kernels: the answer exact mode keeps
+ORACLE = "oracle"  # a drafting mode only bench offers: drafts the target alone's own answer
+BENCH_MODES = (*DRAFTER_MODES, ORACLE)
+INSTRUMENTS = (EXACT_ALONE, ORACLE)  # measured for reference, never "the best configuration"
 DEFAULT_MAX_TOKENS = 128
 BUILTIN_SUITE = Path(__file__).parent / "prompts" / "suite.yaml"
 BOOTSTRAP_DRAWS = 2000
@@ -94,6 +100,7 @@ class BenchPrompt:
     messages: tuple[dict[str, str], ...] = ()
     system: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
+    prediction: str | None = None  # text the answer is expected to mostly repeat
 
     def tokens(self, target: Backend, *, raw: bool, system: str | None) -> list[int]:
         if not self.messages:
@@ -104,10 +111,10 @@ class BenchPrompt:
         return encode_chat(target, [dict(m) for m in self.messages])
 
 
-_PROMPT_FIELDS = {"id", "category", "text", "messages", "system", "max_tokens"}
+_PROMPT_FIELDS = {"id", "category", "text", "messages", "system", "max_tokens", "prediction"}
 _FORMAT_FIX = (
     "Each prompt needs id, category, and text or messages (a list of {role, content}); "
-    "max_tokens and system are optional. See specdec_cli/prompts/suite.yaml."
+    "max_tokens, system and prediction are optional. See specdec_cli/prompts/suite.yaml."
 )
 
 
@@ -205,8 +212,9 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
             or not all(isinstance(v, str) for v in message.values())
         ):
             raise fail("each message must be {role: string, content: string}")
-    if item.get("system") is not None and not isinstance(item["system"], str):
-        raise fail("'system' must be a string")
+    for key in ("system", "prediction"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise fail(f"'{key}' must be a string")
     max_tokens = item.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise fail(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
@@ -217,6 +225,7 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
         messages=tuple(dict(m) for m in messages),
         system=item.get("system"),
         max_tokens=max_tokens,
+        prediction=item.get("prediction"),
     )
 
 
@@ -257,9 +266,11 @@ class Configuration:
     drafter: str = "combined"  # the drafting mode; see adaptive.build_drafter
     draft_max: int = 8
     draft_model: str | None = None  # one of the extra drafters by name; None: the main one
+    prediction: bool = False  # drafts may follow the prompt's prediction (Predicted Outputs)
 
     def settings(self, base: GenerationSettings) -> GenerationSettings:
-        return replace(base, draft_max=self.draft_max)
+        prediction = base.prediction if self.prediction else ()
+        return replace(base, draft_max=self.draft_max, prediction=prediction)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -276,23 +287,86 @@ def configurations(
     with each extra drafter. Exact benches first run the target alone with the exact
     kernels: what exactness costs, and the answer every exact configuration must give."""
     for mode in modes:
-        if mode not in DRAFTER_MODES:
-            raise BadUsageError(f"unknown drafter '{mode}'.", f"Use one of {DRAFTER_MODES}.")
+        check_bench_mode(mode)
     found = [Configuration(EXACT_ALONE, "none", 1)] if exact else []
-    for mode in modes:
+    for mode_name in modes:
+        mode, predicted = split_mode(mode_name)
         drafts = [None, *extra_drafts] if mode in NEEDS_DRAFT_MODEL else [None]
         for draft in drafts:
+            if mode == ORACLE:  # its lengths come from the cost table, as long as pays
+                found.append(Configuration(ORACLE, ORACLE, ADAPTIVE_DRAFT_LIMIT))
+                continue
             for k in dict.fromkeys(draft_max or [default_draft_max(mode)]):
-                label = f"{mode} k={k}" + (f" ({draft})" if draft else "")
-                found.append(Configuration(label, mode, k, draft))
+                label = f"{mode_name} k={k}" + (f" ({draft})" if draft else "")
+                found.append(Configuration(label, mode, k, draft, predicted))
     return found
 
 
-def make_drafter(configuration: Configuration, pair: ModelPair) -> Drafter | None:
+@dataclass
+class OracleDrafter:
+    """The ceiling: drafts the target alone's own answer to the same prompt, obtained in the
+    same run, so every draft is kept. Each round drafts the length with the most tokens per
+    second in the measured cost table; once the answer has left that text (it cannot in
+    exact mode), nothing. A measuring instrument: only bench offers it."""
+
+    reference: tuple[int, ...]
+    costs: CostModel
+    prompt_length: int = 0
+
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
+        self.prompt_length = prompt_length
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        chooser: TokenChooser,
+    ) -> Draft:
+        answer = tuple(context[self.prompt_length :])
+        if self.reference[: len(answer)] != answer:
+            return Draft.empty()
+        rest = self.reference[len(answer) : len(answer) + max_tokens]
+        k = max(range(len(rest) + 1), key=lambda k: (k + 1) / self.costs.verify(k + 1))
+        return ngram_draft(rest[:k], len(answer), source=ORACLE) if k else Draft.empty()
+
+    def observe(self, outcome: Outcome) -> None:
+        pass
+
+
+PREDICTION_SUFFIX = "+prediction"
+
+
+def split_mode(name: str) -> tuple[str, bool]:
+    """'combined+prediction' -> ('combined', True): the mode, and whether its drafts may
+    follow the prompt's prediction."""
+    if name.endswith(PREDICTION_SUFFIX):
+        return name[: -len(PREDICTION_SUFFIX)], True
+    return name, False
+
+
+def check_bench_mode(name: str) -> str:
+    mode, predicted = split_mode(name)
+    if mode not in BENCH_MODES or (predicted and mode in ("fixed", ORACLE)):
+        raise BadUsageError(
+            f"unknown drafter '{name}'.",
+            f"Use one of {', '.join(BENCH_MODES)}; an adaptive mode (combined, model, ngram) "
+            f"may end in {PREDICTION_SUFFIX} to follow the prompts' predictions.",
+        )
+    return name
+
+
+def make_drafter(
+    configuration: Configuration, pair: ModelPair, reference: Sequence[int] = ()
+) -> Drafter | None:
     """The one place a configuration becomes a drafter (fresh per run: drafters learn as they
-    go). The pair's costs, measured once per bench, spare each run its own timing probe."""
+    go). The pair's costs, measured once per bench, spare each run its own timing probe.
+    `reference`: the target alone's answer in this repeat, for the oracle."""
     if configuration.drafter == "none":
         return None
+    if configuration.drafter == ORACLE:
+        assert pair.costs is not None  # measured before any run
+        return OracleDrafter(tuple(reference), pair.costs)
     drafter, costs = pair.drafter, pair.costs
     if configuration.draft_model is not None:
         drafter, costs = pair.alternates[configuration.draft_model]
@@ -510,9 +584,11 @@ class Row:
     compared_prompts: int
     check: OutputCheck | None = None  # prompt rows only
     prompt_tokens: int | None = None  # prompt rows only
+    efficiency: float | None = None  # speedup / the oracle's speedup over the same prompts
 
     def as_dict(self) -> dict:
         record = {
+            "efficiency": None if self.efficiency is None else round(self.efficiency, 4),
             "name": self.name,
             "category": self.category,
             "configuration": self.configuration,
@@ -606,6 +682,7 @@ class BenchReport:
     def _row(self, scope: str, name: str, category: str | None, ids: list[str], label: str) -> Row:
         groups = [self._ratios(pid, label) for pid in ids]
         checks = [self.checks[(pid, label)] for pid in ids if (pid, label) in self.checks]
+        speedup = speedup_estimate(groups)
         return Row(
             scope=scope,
             name=name,
@@ -613,13 +690,22 @@ class BenchReport:
             configuration=label,
             alone=Aggregate.of(self._runs_of(set(ids), TARGET_ALONE)),
             speculative=Aggregate.of(self._runs_of(set(ids), label)),
-            speedup=speedup_estimate(groups),
+            speedup=speedup,
+            efficiency=self._efficiency(speedup, ids),
             prompts=sum(1 for g in groups if g),
             identical_prompts=sum(1 for c in checks if c.comparison.identical),
             compared_prompts=len(checks),
             check=self.checks.get((ids[0], label)) if scope == "prompt" else None,
             prompt_tokens=self.prompt_tokens.get(ids[0]) if scope == "prompt" else None,
         )
+
+    def _efficiency(self, speedup: Estimate | None, ids: list[str]) -> float | None:
+        """A speedup as a fraction of the oracle's over the same prompts: how much of what
+        any drafter could get on this machine a configuration gets."""
+        if speedup is None or ORACLE not in {c.label for c in self.configurations}:
+            return None
+        ceiling = speedup_estimate([self._ratios(pid, ORACLE) for pid in ids])
+        return None if ceiling is None else speedup.value / ceiling.value
 
     def _measured_prompts(self) -> list[BenchPrompt]:
         measured = {r.prompt_id for r in self.runs}
@@ -655,6 +741,8 @@ class BenchReport:
         """The configuration with the highest speedup, per row name."""
         best: dict[str, tuple[float, str]] = {}
         for row in rows:
+            if row.configuration in INSTRUMENTS:
+                continue
             if row.speedup is not None and row.speedup.value > best.get(row.name, (-1.0, ""))[0]:
                 best[row.name] = (row.speedup.value, row.configuration)
         return {name: configuration for name, (_, configuration) in best.items()}
@@ -876,12 +964,17 @@ def _measure_prompt(
     for repeat in range(request.repeats):
         seed = request.seed + repeat  # both sides of a repeat sample with the same seed
         base = GenerationSettings(
-            max_tokens=budget, sampling=request.sampling, seed=seed, rule=request.rule
+            max_tokens=budget,
+            sampling=request.sampling,
+            seed=seed,
+            rule=request.rule,
+            prediction=prediction_tokens(pair.target, prompt.prediction),
         )
         for label, configuration in _sides(request):
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
             exact = configuration is not None and request.hardware.exact
-            finished = _generate(pair, tokens, base, configuration, progress, exact)
+            answer = _reference_tokens(request, report, prompt.id, repeat)
+            finished = _generate(pair, tokens, base, configuration, progress, exact, answer)
             report.runs.append(
                 RunRecord(
                     prompt.id,
@@ -903,6 +996,15 @@ def _measure_prompt(
             )
 
 
+def _reference_tokens(
+    request: BenchRequest, report: BenchReport, prompt_id: str, repeat: int
+) -> list[int]:
+    """The target alone's answer in this repeat (the exact one in exact mode): the oracle's."""
+    side = _reference(request, Configuration(ORACLE, ORACLE))
+    run = report.by_repeat(prompt_id, side).get(repeat)
+    return run.tokens if run is not None else []
+
+
 def _reference(request: BenchRequest, configuration: Configuration) -> str:
     """Whose answer a configuration must give: the target alone with the same kernels."""
     labels = {c.label for c in request.configurations}
@@ -917,6 +1019,7 @@ def _generate(
     configuration: Configuration | None,
     progress: BenchProgress,
     exact: bool,
+    reference: Sequence[int] = (),
 ) -> Finished:
     """One timed run from an empty cache. The target alone is Generation with no drafter:
     one token per decode, exactly what `specdec run --no-draft` does."""
@@ -925,7 +1028,7 @@ def _generate(
     if configuration is None:
         generation = Generation(pair.target, prompt, base, drafter=None)
     else:
-        drafter = make_drafter(configuration, pair)
+        drafter = make_drafter(configuration, pair, reference)
         generation = Generation(pair.target, prompt, configuration.settings(base), drafter)
     emitted = 0
 

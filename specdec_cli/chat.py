@@ -21,7 +21,7 @@ from .backend import Backend, common_prefix_length, encode_template_text
 from .drafters import Drafter, ModelDrafter
 from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
-from .session import ModelPair, check_prompt_fits
+from .session import ModelPair, check_prompt_fits, prediction_tokens, read_prediction
 
 COMMANDS: dict[str, str] = {
     "/help": "this list",
@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "/system TEXT": "set the system message (/system alone removes it)",
     "/draft K": "draft at most K tokens per round (0: the target alone)",
     "/temp T": "sampling temperature (0: greedy)",
+    "/predict FILE": "the next answer is expected to mostly repeat FILE (drafts follow it)",
     "/stats": "totals for the session, and what each turn decoded",
     "/save FILE": "write the transcript (.json: JSON, anything else: Markdown)",
     "/exit": "leave (Ctrl-D and Ctrl-C at the prompt do too)",
@@ -67,6 +68,10 @@ def parse_command(line: str) -> Command | None:
         if not arg:
             raise CommandError("/save needs a file name.", "Try /save chat.md or /save chat.json.")
         return Command("save", arg)
+    if name == "predict":
+        if not arg:
+            raise CommandError("/predict needs a file name.", "Try /predict app.py.")
+        return Command("predict", arg)
     if name == "draft":
         if not arg.isdigit():
             raise CommandError(f"/draft needs a whole number, not {arg!r}.", "Try /draft 8.")
@@ -241,8 +246,16 @@ class ChatSession:
         check_prompt_fits(prompt, n_ctx)
         reused = common_prefix_length(self.pair.target.cached, prompt)
         drafter = self._drafter if self.drafting else None
-        generation = Generation(self.pair.target, prompt, self.settings, drafter=drafter)
+        settings, self.settings = self.settings, replace(self.settings, prediction=())
+        generation = Generation(self.pair.target, prompt, settings, drafter=drafter)
         return Turn(self, generation, user, rendered, dropped, reused)
+
+    def predict(self, path: str) -> int:
+        """The next answer is expected to mostly repeat the file at `path`; returns its
+        length in tokens."""
+        tokens = prediction_tokens(self.pair.target, read_prediction(Path(path)))
+        self.settings = replace(self.settings, prediction=tokens)
+        return len(tokens)
 
     def _prompt(self, user: str) -> tuple[str, list[int]]:
         target = self.pair.target

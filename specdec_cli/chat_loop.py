@@ -145,6 +145,9 @@ def _apply(command: Command, session: ChatSession, view: render.ChatView) -> Non
     elif command.name == "temp":
         session.set_temperature(command.value)
         view.info(f"temperature {command.value:g}")
+    elif command.name == "predict":
+        n_tokens = session.predict(command.value)
+        view.info(f"the next answer is predicted by {command.value} ({n_tokens} tokens)")
     elif command.name == "stats":
         view.session_stats(session.totals, session.records)
     elif command.name == "save":

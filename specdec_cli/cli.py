@@ -143,10 +143,10 @@ def _discard_stdout() -> None:
         pass
 
 
-def read_prompt(argument: str | None) -> str:
-    """The argument, then piped stdin after it."""
+def read_prompt(argument: str | None, stdin_taken: bool = False) -> str:
+    """The argument, then piped stdin after it (unless --predict - took stdin)."""
     parts = [argument] if argument else []
-    if not sys.stdin.isatty():
+    if not stdin_taken and not sys.stdin.isatty():
         piped = sys.stdin.read()
         if piped.strip():
             parts.append(piped)
@@ -155,6 +155,24 @@ def read_prompt(argument: str | None) -> str:
             "no prompt given.", 'Pass it as an argument (specdec run "...") or pipe it on stdin.'
         )
     return "\n\n".join(parts)
+
+
+def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
+    from .session import read_prediction
+
+    if predict is None:
+        return None
+    if predict != "-":
+        return read_prediction(Path(predict))
+    if not prompt:
+        raise BadUsageError(
+            "--predict - reads the prediction from stdin, so the prompt must be an argument.",
+            'Pass it as one: specdec run "edit this" --predict - < file.py',
+        )
+    text = sys.stdin.read()
+    if not text.strip():
+        raise BadUsageError("--predict - read nothing from stdin.", "Pipe the file in.")
+    return text
 
 
 DEFAULT_TARGET = "large"
@@ -260,6 +278,14 @@ def run(
     verify: Annotated[
         bool, typer.Option("--verify", help="Also run the target alone and compare the outputs.")
     ] = False,
+    predict: Annotated[
+        str | None,
+        typer.Option(
+            "--predict",
+            help="A file the answer is expected to mostly repeat (the code being edited): "
+            "drafts follow it, the answer stays the target's. '-' reads it from stdin.",
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON record.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -268,7 +294,8 @@ def run(
 
     with user_errors():
         mode = "none" if no_draft else check_drafter_mode(drafter)
-        text = read_prompt(prompt)
+        prediction = read_predict_option(predict, prompt)
+        text = read_prompt(prompt, stdin_taken=predict == "-")
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
@@ -288,7 +315,7 @@ def run(
             force_incompatible=force,
             rule=check_rule(rule),
         )
-        request = RunRequest(decode, prompt=text, raw=raw, verify=verify)
+        request = RunRequest(decode, text, raw, verify, prediction)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
 
@@ -533,7 +560,10 @@ def bench(
     drafter: Annotated[
         str,
         typer.Option(
-            "--drafter", help="Drafting mode, or a list to compare: fixed,model,ngram,combined."
+            "--drafter",
+            help="Drafting mode, or a list to compare: fixed,model,ngram,combined, oracle (the "
+            "ceiling: drafts the target alone's answer); +prediction after an adaptive mode "
+            "follows the prompts' predictions.",
         ),
     ] = "combined",
     max_tokens: Annotated[
@@ -567,8 +597,9 @@ def bench(
     from .adaptive import NEEDS_DRAFT_MODEL
 
     with user_errors():
-        modes = [check_drafter_mode(mode.strip()) for mode in drafter.split(",") if mode.strip()]
-        needs_model = next((m for m in modes if m in NEEDS_DRAFT_MODEL), "ngram")
+        modes = [bench_lib.check_bench_mode(m.strip()) for m in drafter.split(",") if m.strip()]
+        bases = [bench_lib.split_mode(mode)[0] for mode in modes]
+        needs_model = next((m for m in bases if m in NEEDS_DRAFT_MODEL), "ngram")
         drafts = draft.split(",") if draft else []
         main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
         target_path, draft_path = resolve_models(

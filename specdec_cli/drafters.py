@@ -56,6 +56,11 @@ class Drafter(Protocol):
         """Called after each verification, with what the target made of the draft."""
         ...
 
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
+        """A new answer starts after `prompt_length` tokens of context; `prediction` (often
+        empty) is text the answer is expected to mostly repeat (Predicted Outputs)."""
+        ...
+
 
 @dataclass
 class ModelDrafter:
@@ -105,6 +110,9 @@ class ModelDrafter:
         return draft.build()
 
     def observe(self, outcome: Outcome) -> None:
+        pass
+
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         pass
 
 
@@ -224,7 +232,46 @@ class NgramDrafter:
     def observe(self, outcome: Outcome) -> None:
         pass
 
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
+        pass
 
-def ngram_draft(tokens: Sequence[int], match_length: int) -> Draft:
+
+def ngram_draft(tokens: Sequence[int], match_length: int, source: str = "ngram") -> Draft:
     dists = [Distribution.point(token) for token in tokens]
-    return Draft(list(tokens), dists, "ngram", match_length=match_length)
+    return Draft(list(tokens), dists, source, match_length=match_length)
+
+
+class PredictionIndex:
+    """Where the answer so far stands in a prediction (Predicted Outputs: the file being
+    edited, the document being reformatted), and what the prediction says comes next.
+
+    The answer's ending is looked up in the prediction, longest match first; of several
+    places it prefers the first after the one last drafted from, so drafts follow the
+    prediction in order and pick it up again after a changed, inserted or deleted span."""
+
+    MAX_N = 12
+
+    def __init__(self, prediction: Sequence[int]) -> None:
+        self.tokens = [int(t) for t in prediction]
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        for end in range(len(self.tokens)):
+            for n in range(1, min(self.MAX_N, end + 1) + 1):
+                self._ends.setdefault(tuple(self.tokens[end - n + 1 : end + 1]), []).append(end)
+        self._cursor = -1
+
+    def lookup(self, answer: Sequence[int], max_tokens: int) -> NgramMatch:
+        """What the prediction says follows the answer so far. Only looks."""
+        for n in range(min(self.MAX_N, len(answer)), 0, -1):
+            ends = self._ends.get(tuple(answer[len(answer) - n :]))
+            if ends:
+                after = bisect.bisect_right(ends, self._cursor)
+                end = ends[after] if after < len(ends) else ends[-1]
+                following = tuple(self.tokens[end + 1 : end + 1 + max_tokens])
+                if following:
+                    return NgramMatch(following, n, end)
+        return NO_MATCH
+
+    def take(self, match: NgramMatch, n_tokens: int) -> Draft:
+        """The draft of the first `n_tokens` of `match`, proposed."""
+        self._cursor = match.end
+        return ngram_draft(match.tokens[:n_tokens], match.length, source="prediction")

@@ -128,6 +128,9 @@ class GenerationStats:
         self.verify_seconds += r.verify_seconds
         self.draft_lengths[r.drafted] += 1
         self.draft_sources[r.source] += 1
+        if r.source == "prediction":  # OpenAI's counts: predicted tokens kept or not
+            self.accepted_prediction_tokens += r.accepted
+            self.rejected_prediction_tokens += r.drafted - r.accepted
 
     def merge(self, other: GenerationStats) -> None:
         """Add another generation's counts and times to these. `prompt_tokens` and
@@ -141,6 +144,8 @@ class GenerationStats:
         self.verify_seconds += other.verify_seconds
         self.draft_lengths.update(other.draft_lengths)
         self.draft_sources.update(other.draft_sources)
+        self.accepted_prediction_tokens += other.accepted_prediction_tokens
+        self.rejected_prediction_tokens += other.rejected_prediction_tokens
 
     def as_dict(self) -> dict:
         return {
@@ -160,6 +165,8 @@ class GenerationStats:
             "verify_seconds": round(self.verify_seconds, 4),
             "draft_lengths": {str(k): v for k, v in sorted(self.draft_lengths.items())},
             "draft_sources": dict(self.draft_sources),
+            "accepted_prediction_tokens": self.accepted_prediction_tokens,
+            "rejected_prediction_tokens": self.rejected_prediction_tokens,
         }
 
 
@@ -258,6 +265,8 @@ class Generation:
         self._text = _TextAssembler(settings.stop)
         self._n_ctx = target.n_ctx
         self._started: float | None = None
+        if drafter is not None:
+            drafter.begin(len(self.prompt), settings.prediction)
 
     @property
     def text(self) -> str:

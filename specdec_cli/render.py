@@ -47,6 +47,11 @@ def stats_summary(stats: GenerationStats) -> str:
             f"drafted {stats.drafted}",
             f"accepted {stats.accepted} ({100 * stats.acceptance:.1f}%)",
         ]
+    if stats.accepted_prediction_tokens or stats.rejected_prediction_tokens:
+        parts.append(
+            f"prediction {stats.accepted_prediction_tokens} accepted, "
+            f"{stats.rejected_prediction_tokens} rejected"
+        )
     parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
     if stats.first_token_seconds is not None:
         parts.append(f"first token {stats.first_token_seconds:.2f} s")

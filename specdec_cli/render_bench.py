@@ -223,6 +223,7 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
             "tok/pass",
             "time draft/verify/other",
             "identical",
+            *(["of oracle"] if _has_oracle(report) else []),
         ],
         sweep,
     )
@@ -239,9 +240,14 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
             _num(row.speculative.tokens_per_pass, ".2f"),
             _split(row.speculative),
             _identical(row),
+            *([_pct(row.efficiency)] if _has_oracle(report) else []),
         ]
         table.add_row(*(cells if sweep else cells[:1] + cells[2:]))
     return table
+
+
+def _has_oracle(report: bench.BenchReport) -> bool:
+    return any(c.label == bench.ORACLE for c in report.configurations)
 
 
 _LEFT = ("prompt", "category", "config", "output")
@@ -351,6 +357,7 @@ def markdown(report: bench.BenchReport) -> str:
             "drafted/accepted",
             "time draft/verify/other",
             "identical",
+            "of oracle",
         ],
         [
             [
@@ -365,6 +372,7 @@ def markdown(report: bench.BenchReport) -> str:
                 f"{r.speculative.drafted}/{r.speculative.accepted}",
                 _split(r.speculative),
                 _identical(r),
+                _pct(r.efficiency),
             ]
             for r in report.category_rows() + report.suite_rows()
         ],

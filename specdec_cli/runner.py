@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import render
 from .comparison import Comparison, compare_outputs
@@ -16,6 +16,7 @@ from .session import (
     drafter_for,
     fit_context,
     load_models,
+    prediction_tokens,
     prompt_tokens,
 )
 
@@ -29,9 +30,10 @@ class RunRequest:
     prompt: str
     raw: bool = False
     verify: bool = False
+    prediction: str | None = None  # --predict: text the answer is expected to mostly repeat
 
     def settings_record(self) -> dict:
-        return {**self.decode.record(), "raw": self.raw}
+        return {**self.decode.record(), "raw": self.raw, "predicted": self.prediction is not None}
 
 
 def run_once(request: RunRequest, *, json_output: bool) -> int:
@@ -46,9 +48,9 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
         drafter = drafter_for(request.decode, pair)
     check_prompt_fits(prompt, pair.target.n_ctx)
 
-    generation = Generation(
-        pair.target, prompt, request.decode.generation_settings(), drafter=drafter
-    )
+    predicted = prediction_tokens(pair.target, request.prediction)
+    settings = replace(request.decode.generation_settings(), prediction=predicted)
+    generation = Generation(pair.target, prompt, settings, drafter=drafter)
     answer = None if json_output else render.AnswerStream(sys.stdout)
     finished, interrupted = _consume(generation, answer)
     check = _check(pair, prompt, request, finished) if request.verify else None

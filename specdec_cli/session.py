@@ -11,7 +11,7 @@ from .backend import Backend, encode_chat
 from .compat import check_compatible
 from .drafters import Drafter
 from .engine import GenerationSettings, SamplingRule
-from .errors import ContextOverflowError
+from .errors import BadUsageError, ContextOverflowError
 from .json_cache import read_json_cache, write_json_cache
 from .sampling import SamplingSettings
 
@@ -172,6 +172,25 @@ def prompt_tokens(target: Backend, text: str, *, system: str | None, raw: bool) 
     if raw:
         return target.tokenize(text, add_special=True)
     return encode_chat(target, chat_messages(text, system))
+
+
+def read_prediction(path: Path) -> str:
+    """The text of a --predict or /predict file: what the answer is expected to repeat."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise BadUsageError(
+            f"cannot read the prediction {path}: {reason or error}.",
+            "Pass a readable text file: the text the answer is expected to mostly repeat.",
+        ) from None
+    if not text.strip():
+        raise BadUsageError(f"the prediction {path} is empty.", "Pass a file with text in it.")
+    return text
+
+
+def prediction_tokens(target: Backend, text: str | None) -> tuple[int, ...]:
+    return tuple(target.tokenize(text, add_special=False)) if text else ()
 
 
 def check_prompt_fits(prompt: list[int], n_ctx: int) -> None:

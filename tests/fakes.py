@@ -255,6 +255,9 @@ class RecordingDrafter:
     def observe(self, outcome: Outcome) -> None:
         self.inner.observe(outcome)
 
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
+        self.inner.begin(prompt_length, prediction)
+
 
 @dataclass
 class FixedDrafter:
@@ -267,4 +270,7 @@ class FixedDrafter:
         return Draft(list(tokens), [Distribution.point(t) for t in tokens], "fixed")
 
     def observe(self, outcome: Outcome) -> None:
+        pass
+
+    def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         pass

@@ -56,9 +56,20 @@ def test_builtin_suite_covers_the_categories():
     assert len(prompts) >= 16
     assert set(by_category) == {"code", "structured", "editing", "summarising", "prose", "qa"}
     assert all(len(group) >= 2 for group in by_category.values())
-    assert all(p.max_tokens == 128 for p in prompts)
+    short = [p for p in prompts if p.prediction is None]
+    assert all(p.max_tokens == 128 for p in short)
     for p in by_category["editing"] + by_category["summarising"]:
         assert len(p.text) > 300, f"{p.id} should carry a passage"
+
+
+def test_builtin_suite_has_long_edits_with_their_predictions():
+    predicted = [p for p in bench.load_prompts() if p.prediction is not None]
+    edits = [p for p in predicted if p.category == "editing"]
+    assert len(edits) >= 4 and len([p for p in predicted if p.category == "structured"]) >= 2
+    for p in edits:
+        assert 40 <= len(p.prediction.splitlines()) <= 150, p.id
+    for p in predicted:
+        assert p.prediction in p.text, f"{p.id}: the prediction is the text being edited"
 
 
 def test_yaml_and_jsonl_prompt_files(tmp_path):
@@ -415,3 +426,39 @@ def test_exact_bench_measures_the_cost_of_exactness_and_checks_against_it(tiny_m
         if row["configuration"] != bench.EXACT_ALONE:
             assert row["output"]["reference"] == bench.EXACT_ALONE
             assert row["output"]["identical_repeats"] == row["output"]["repeats_compared"]
+
+
+def test_the_oracle_drafts_the_target_alones_answer_and_others_are_measured_against_it(
+    tiny_models, tmp_path
+):
+    prompts = write(tmp_path, "prompts.yaml", PROMPTS_YAML)
+    out = tmp_path / "bench.json"
+    args = bench_args(tiny_models, prompts, "--drafter", "oracle,ngram", "--json", str(out))
+    args.remove("--fast")
+    result = runner.invoke(app(), args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {row["configuration"]: row for row in report["summary"]["configurations"]}
+    oracle = rows[bench.ORACLE]["speculative"]
+    assert oracle["drafted"] > 0 and oracle["accepted"] == oracle["drafted"]
+    assert oracle["tokens_per_pass"] > 2
+    assert rows[bench.ORACLE]["efficiency"] == 1.0
+    ngram = rows["ngram k=32"]
+    assert ngram["efficiency"] == pytest.approx(
+        ngram["speedup"]["median"] / rows[bench.ORACLE]["speedup"]["median"], rel=1e-3
+    )
+    assert report["summary"]["best_configuration"] == "ngram k=32"  # instruments never win
+
+
+def test_prediction_modes_use_the_prompts_prediction(tiny_models, tmp_path):
+    prompts = bench.load_prompts(write(tmp_path, "p.yaml", (
+        "- {id: copy, category: editing, max_tokens: 24, text: 'the cat sat',"
+        " prediction: 'the cat sat on the mat and the dog sat on the log'}\n")))
+    assert prompts[0].prediction
+    configurations = bench.configurations(None, ["ngram", "ngram+prediction"])
+    assert [c.prediction for c in configurations] == [False, True]
+    base = bench.GenerationSettings(prediction=(1, 2, 3))
+    assert configurations[0].settings(base).prediction == ()
+    assert configurations[1].settings(base).prediction == (1, 2, 3)
+    with pytest.raises(BadUsageError, match="fixed\\+prediction"):
+        bench.configurations(None, ["fixed+prediction"])
