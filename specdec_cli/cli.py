@@ -247,6 +247,35 @@ def draft_label(name: str) -> str:
     return Path(name).stem if name.endswith(".gguf") else name
 
 
+def decode_request(
+    target_path: Path, draft_path: Path | None, mode: str, options: dict
+) -> DecodeRequest:
+    """What run, chat and serve share, from their common options (by argument name)."""
+    return DecodeRequest(
+        target=target_path,
+        draft=draft_path,
+        drafter_mode=mode,
+        system=options["system"],
+        sampling=SamplingSettings(
+            options["temp"], options["top_k"], options["top_p"], options["min_p"]
+        ),
+        seed=options["seed"],
+        max_tokens=options["max_tokens"],
+        stop=tuple(options["stop"] or ()),
+        draft_max=options["draft_max"] or default_draft_max(mode),
+        hardware=HardwareOptions(
+            options["ctx_size"],
+            options["threads"],
+            options["gpu_layers"],
+            options["draft_gpu_layers"],
+            options["verbose"],
+            exact=options["exact"],
+        ),
+        force_incompatible=options["force"],
+        rule=check_rule(options["rule"]),
+    )
+
+
 @app.command()
 def run(
     prompt: Annotated[
@@ -292,6 +321,8 @@ def run(
     """Answer one prompt; only the answer goes to stdout."""
     from .runner import RunRequest, run_once
 
+    given = dict(locals())  # the options run, chat and serve share: see decode_request
+
     with user_errors():
         mode = "none" if no_draft else check_drafter_mode(drafter)
         prediction = read_predict_option(predict, prompt)
@@ -299,22 +330,7 @@ def run(
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = DecodeRequest(
-            target=target_path,
-            draft=draft_path,
-            drafter_mode=mode,
-            system=system,
-            sampling=SamplingSettings(temp, top_k, top_p, min_p),
-            seed=seed,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            draft_max=draft_max or default_draft_max(mode),
-            hardware=HardwareOptions(
-                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
-            ),
-            force_incompatible=force,
-            rule=check_rule(rule),
-        )
+        decode = decode_request(target_path, draft_path, mode, given)
         request = RunRequest(decode, text, raw, verify, prediction)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
@@ -419,27 +435,14 @@ def chat(
     """
     from .chat_loop import ChatRequest, run_chat
 
+    given = dict(locals())  # the options run, chat and serve share: see decode_request
+
     with user_errors():
         mode = "none" if no_draft else check_drafter_mode(drafter)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = DecodeRequest(
-            target=target_path,
-            draft=draft_path,
-            drafter_mode=mode,
-            system=system,
-            sampling=SamplingSettings(temp, top_k, top_p, min_p),
-            seed=seed,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            draft_max=draft_max or default_draft_max(mode),
-            hardware=HardwareOptions(
-                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
-            ),
-            force_incompatible=force,
-            rule=check_rule(rule),
-        )
+        decode = decode_request(target_path, draft_path, mode, given)
         request = ChatRequest(decode, no_color=no_color)
         code = run_chat(request)
     raise typer.Exit(code)
@@ -505,27 +508,14 @@ def serve(
     from .server import ServeOptions, ServeRequest
     from .server import serve as run_server
 
+    given = dict(locals())  # the options run, chat and serve share: see decode_request
+
     with user_errors():
         mode = "none" if no_draft else check_drafter_mode(drafter)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = DecodeRequest(
-            target=target_path,
-            draft=draft_path,
-            drafter_mode=mode,
-            system=system,
-            sampling=SamplingSettings(temp, top_k, top_p, min_p),
-            seed=seed,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            draft_max=draft_max or default_draft_max(mode),
-            hardware=HardwareOptions(
-                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
-            ),
-            force_incompatible=force,
-            rule=check_rule(rule),
-        )
+        decode = decode_request(target_path, draft_path, mode, given)
         options = ServeOptions(host, port, api_key or None, max_queue, json_log)
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
