@@ -19,7 +19,7 @@ from specdec_cli.chat import (  # noqa: E402
 )
 from specdec_cli.cli import app  # noqa: E402
 from specdec_cli.engine import Finished, GenerationSettings, Piece  # noqa: E402
-from specdec_cli.errors import ContextOverflowError, ModelFileError  # noqa: E402
+from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError  # noqa: E402
 from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
 
 FIRST = "hello there"
@@ -243,3 +243,29 @@ def test_scripted_mode_runs_commands_and_reports_bad_ones(tiny_models, tmp_path)
     assert len(result.stdout.splitlines()) == 1  # /exit came before the second message
     assert "/draft needs a whole number" in result.stderr
     assert json.loads((tmp_path / "chat.json").read_text())["messages"][0]["content"] == FIRST
+
+
+def test_predict_drafts_the_next_answer_only(tiny_models, tmp_path):
+    from specdec_cli.adaptive import CostModel, build_drafter
+
+    pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
+    costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)
+    drafter = build_drafter("ngram", pair.target, None, costs=costs)
+    session = ChatSession(pair, GenerationSettings(max_tokens=30), drafter=drafter)
+    expected = run_turn(session, FIRST)
+    session.reset()
+    prediction = tmp_path / "expected.txt"
+    prediction.write_text(expected.text)
+    assert session.predict(str(prediction)) > 0
+    predicted = run_turn(session, FIRST)
+    assert predicted.text == expected.text  # the answer is the target's, predicted or not
+    assert predicted.stats.accepted_prediction_tokens > 0
+    session.reset()
+    again = run_turn(session, FIRST)  # the prediction was for one answer only
+    assert again.stats.accepted_prediction_tokens == again.stats.rejected_prediction_tokens == 0
+
+
+def test_predict_with_a_missing_file_says_so(tiny_models, tmp_path):
+    session = new_session(tiny_models, drafter=False)
+    with pytest.raises(BadUsageError, match="cannot read the prediction"):
+        session.predict(str(tmp_path / "nope.txt"))

@@ -14,7 +14,7 @@ from specdec_cli.errors import (
     IncompatibleModelsError,
     ModelFileError,
 )
-from specdec_cli.llama_backend import LlamaBackend, decode_failure
+from specdec_cli.llama_backend import LlamaBackend, _chunk_bounds, decode_failure
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +179,16 @@ def test_vocabulary_size_difference_over_128_is_incompatible(tiny_models, target
     other = LlamaBackend(tiny_models.oversized, n_ctx=64, n_threads=1)
     with pytest.raises(IncompatibleModelsError, match="at most 128 apart"):
         check_compatible(target, other)
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "n_last", "bounds"),
+    [
+        (10, 1, [0, 10]),
+        (1000, 1, [0, 500, 1000]),  # equal halves, not 488 + 512
+        (530, 1, [0, 265, 530]),  # no 18-token chunk for the slow invariant kernels
+        (600, 400, [0, 88, 600]),  # the rows asked for must all be in the last chunk
+    ],
+)
+def test_long_inputs_are_cut_into_equal_chunks(n_tokens, n_last, bounds):
+    assert _chunk_bounds(n_tokens, 512, n_last) == bounds
