@@ -220,20 +220,16 @@ def test_streamed_stdout_is_valid_utf8_when_characters_span_tokens(tmp_path):
     assert any(ord(c) > 127 and c != "\ufffd" for c in text)  # a multi-byte character made it
 
 
-def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(tiny_models):
-    process = _specdec(
-        "run",
-        "the cat",
-        "--raw",
-        "-n",
-        "100000",
-        "--ctx-size",
-        "32768",
-        "--target",
-        str(tiny_models.target),
-        "--draft",
-        str(tiny_models.close_drafter),
-    )
+def _endless_run(tmp_path):
+    """specdec run on a target that never ends its answer (its EOS logit is always 0, far
+    below the likeliest token's), so a test's signal always lands mid-answer."""
+    target = write_tiny_llama(tmp_path / "endless.gguf", seed=0, eos_scale=0.0)
+    args = ["run", "the cat", "--raw", "-n", "100000", "--ctx-size", "32768"]
+    return _specdec(*args, "--target", str(target), "--drafter", "ngram")
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(tmp_path):
+    process = _endless_run(tmp_path)
     assert len(process.stdout.read(8)) == 8  # like `| head -c 8`
     process.stdout.close()
     process.wait(timeout=60)  # generating 100000 tokens would take far longer
@@ -241,20 +237,8 @@ def test_a_reader_that_goes_away_ends_the_run_quietly_with_sigpipes_status(tiny_
     assert process.stderr.read() == b""
 
 
-def test_ctrl_c_keeps_the_partial_answer_and_exits_130(tiny_models):
-    process = _specdec(
-        "run",
-        "the cat",
-        "--raw",
-        "-n",
-        "100000",
-        "--ctx-size",
-        "32768",
-        "--target",
-        str(tiny_models.target),
-        "--draft",
-        str(tiny_models.close_drafter),
-    )
+def test_ctrl_c_keeps_the_partial_answer_and_exits_130(tmp_path):
+    process = _endless_run(tmp_path)
     first = process.stdout.read(8)
     time.sleep(0.2)
     process.send_signal(signal.SIGINT)
