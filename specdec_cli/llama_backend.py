@@ -48,9 +48,9 @@ set_verbose(False)
 llama_cpp.llama_backend_init()
 
 
-# Batches of at most this many tokens are decoded with batch-invariant kernels by an exact
-# backend: more than any verification batch (draft limit + 1), fewer than a prompt chunk
-# worth the fast kernels. See patches/llama.cpp/ and "What identical means" in README.md.
+# An exact backend decodes generated tokens with batch-invariant kernels, in batches of up
+# to this many: more than any verification batch (draft limit + 1). See patches/llama.cpp/
+# and "What identical means" in README.md.
 EXACT_BATCH_ROWS = 64
 
 
@@ -201,13 +201,21 @@ class LlamaBackend:
             )
         tokens = list(tokens)
         if _set_invariant_rows is not None:  # one process-wide switch: set it for each model
-            _set_invariant_rows(EXACT_BATCH_ROWS if self.exact else 0)
+            _set_invariant_rows(
+                EXACT_BATCH_ROWS if self._needs_invariance(tokens, n_logit_rows) else 0
+            )
         bounds = _chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
         for start, stop in zip(bounds, bounds[1:], strict=False):
             is_last = stop == len(tokens)
             self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
         logits = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(logits, shape=(n_logit_rows, self.n_vocab))
+
+    def _needs_invariance(self, tokens: Sequence[int], n_logit_rows: int) -> bool:
+        """Generated tokens (checked alone or as a verified batch: every row's logits wanted)
+        must not depend on their batch. A prompt (only its last row wanted) keeps the fast
+        kernels: the engine decodes it alone, the same way with or without drafts."""
+        return self.exact and len(tokens) == n_logit_rows
 
     def _decode_chunk(self, chunk: list[int], n_logit_rows: int) -> None:
         n = len(chunk)
@@ -315,8 +323,8 @@ class LlamaBackend:
 
 def _chunk_bounds(n_tokens: int, n_batch: int, n_last: int) -> list[int]:
     """Cut a long input into chunks of at most n_batch, the last holding at least `n_last`
-    tokens (the rows whose logits are wanted). Equal chunks where they can be, so that no
-    chunk is so small that an exact backend would take its slower batch-invariant kernels."""
+    tokens (the rows whose logits are wanted). Equal chunks where they can be: a small
+    chunk is decoded at a poor rate per token."""
     n_chunks = -(-n_tokens // n_batch)
     bounds = [n_tokens * i // n_chunks for i in range(n_chunks + 1)]
     if bounds[-1] - bounds[-2] >= n_last:

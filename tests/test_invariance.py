@@ -98,3 +98,20 @@ def test_sampled_answer_for_a_seed_does_not_depend_on_the_drafter(tiny_models, m
         tiny_models, *sampled, "--draft", str(tiny_models.close_drafter), "--drafter", mode
     )
     assert drafted == alone
+
+
+def test_an_exact_backend_decodes_prompts_with_the_fast_kernels(tiny_models):
+    # Only generated tokens need invariance; a prompt is decoded alone, the same way with
+    # or without drafts, so it keeps llama.cpp's batched kernels (and their speed).
+    exact = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=2, exact=True)
+    fast = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=2, exact=False)
+    try:
+        prompt = exact.tokenize(CONTEXT, add_special=True)
+        fast_row = np.array(fast.decode(prompt, 1))
+        assert np.array_equal(np.array(exact.decode(prompt, 1)), fast_row)
+        exact.truncate(0)  # the control: as generated tokens they take the one-row kernels
+        as_generated = np.array(exact.decode(prompt, len(prompt))[-1:])
+        assert not np.array_equal(as_generated, fast_row)
+    finally:
+        exact.close()
+        fast.close()
