@@ -188,7 +188,7 @@ def test_prediction_is_accepted_and_counted(client):
     details = predicted.usage.completion_tokens_details
     accepted, rejected = details.accepted_prediction_tokens, details.rejected_prediction_tokens
     assert isinstance(accepted, int) and isinstance(rejected, int)
-    assert 0 <= accepted <= predicted.usage.completion_tokens
+    assert 0 <= accepted <= predicted.usage.completion_tokens  # --drafter fixed ignores predictions
     assert rejected >= 0
     parts = chat_answer(
         client,
