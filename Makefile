@@ -38,7 +38,7 @@ lint: install
 
 bench: install
 	$(VENV)/bin/specdec bench --draft small --target large --per-category 1 --repeats 1 \
-		--max-tokens 64 --json bench.json --markdown bench.md
+		--drafter oracle,combined --max-tokens 64 --json bench.json --markdown bench.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
