@@ -335,10 +335,8 @@ class AdaptiveDrafter:
         match = self.prediction.lookup(context[self.prompt_length :], max_tokens)
         if not match.tokens:
             return match, 0, 0.0
-        first = self.acceptance.for_prediction(match.length).value
-        following = self.acceptance.prediction_next.value
-        k, rate = self._best_length(first, following, len(match.tokens), 0.0)
-        return match, k, rate
+        first = self.acceptance.for_prediction(match.length)
+        return match, *self._match_plan(match, first, self.acceptance.prediction_next)
 
     def _ngram_plan(self, context: Sequence[int], max_tokens: int) -> tuple[NgramMatch, int, float]:
         """The match (looked up, not taken), the best length to use (0: none), its rate."""
@@ -347,9 +345,12 @@ class AdaptiveDrafter:
         match = self.ngram.candidates(context, max_tokens)
         if not match.tokens:
             return match, 0, 0.0
-        first = self.acceptance.for_ngram(match.length).value
-        k, rate = self._best_length(first, self.acceptance.ngram_next.value, len(match.tokens), 0.0)
-        return match, k, rate
+        first = self.acceptance.for_ngram(match.length)
+        return match, *self._match_plan(match, first, self.acceptance.ngram_next)
+
+    def _match_plan(self, match: NgramMatch, first: Rate, following: Rate) -> tuple[int, float]:
+        """A point-mass draft of `match`: free to propose, so only verification costs."""
+        return self._best_length(first.value, following.value, len(match.tokens), 0.0)
 
     def _model_acceptance(self) -> tuple[float, float]:
         return self.acceptance.model_first.value, self.acceptance.by_confidence[-2].value

@@ -183,8 +183,7 @@ class NgramIndex:
             ends = self._ends.get(tuple(self._tokens[last - n + 1 :]), [])
             earlier = ends[:-1] if ends and ends[-1] == last else ends
             if earlier:
-                following = bisect.bisect_right(earlier, self._cursor)
-                end = earlier[following] if following < len(earlier) else earlier[-1]
+                end = first_after(earlier, self._cursor)
                 return NgramMatch(tuple(self._tokens[end + 1 : end + 1 + max_tokens]), n, end)
         return NO_MATCH
 
@@ -192,6 +191,13 @@ class NgramIndex:
         """`match` is being proposed: later lookups prefer occurrences after it."""
         if match.tokens:
             self._cursor = match.end
+
+
+def first_after(ends: Sequence[int], cursor: int) -> int:
+    """Of the sorted places a match ends, the first after the one last drafted from (a copy
+    moves forward through its source), else the latest."""
+    following = bisect.bisect_right(ends, cursor)
+    return ends[following] if following < len(ends) else ends[-1]
 
 
 @dataclass(frozen=True)
@@ -264,8 +270,7 @@ class PredictionIndex:
         for n in range(min(self.MAX_N, len(answer)), 0, -1):
             ends = self._ends.get(tuple(answer[len(answer) - n :]))
             if ends:
-                after = bisect.bisect_right(ends, self._cursor)
-                end = ends[after] if after < len(ends) else ends[-1]
+                end = first_after(ends, self._cursor)
                 following = tuple(self.tokens[end + 1 : end + 1 + max_tokens])
                 if following:
                     return NgramMatch(following, n, end)
