@@ -973,7 +973,8 @@ def _measure_prompt(
         for label, configuration in _sides(request):
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
             exact = configuration is not None and request.hardware.exact
-            answer = _reference_tokens(request, report, prompt.id, repeat)
+            oracle = configuration is not None and configuration.drafter == ORACLE
+            answer = _reference_tokens(request, report, prompt.id, repeat) if oracle else []
             finished = _generate(pair, tokens, base, configuration, progress, exact, answer)
             report.runs.append(
                 RunRecord(
@@ -1000,16 +1001,19 @@ def _reference_tokens(
     request: BenchRequest, report: BenchReport, prompt_id: str, repeat: int
 ) -> list[int]:
     """The target alone's answer in this repeat (the exact one in exact mode): the oracle's."""
-    side = _reference(request, Configuration(ORACLE, ORACLE))
-    run = report.by_repeat(prompt_id, side).get(repeat)
+    run = report.by_repeat(prompt_id, _drafted_reference(request)).get(repeat)
     return run.tokens if run is not None else []
 
 
 def _reference(request: BenchRequest, configuration: Configuration) -> str:
     """Whose answer a configuration must give: the target alone with the same kernels."""
+    return TARGET_ALONE if configuration.label == EXACT_ALONE else _drafted_reference(request)
+
+
+def _drafted_reference(request: BenchRequest) -> str:
+    """The target alone that drafting configurations must agree with."""
     labels = {c.label for c in request.configurations}
-    exact = request.hardware.exact and EXACT_ALONE in labels
-    return EXACT_ALONE if exact and configuration.label != EXACT_ALONE else TARGET_ALONE
+    return EXACT_ALONE if request.hardware.exact and EXACT_ALONE in labels else TARGET_ALONE
 
 
 def _generate(

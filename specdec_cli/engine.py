@@ -345,13 +345,14 @@ class Generation:
             self.target, self.prompt + self.tokens + draft.tokens, len(draft.tokens) + 1
         )
         sampling = self.settings.sampling
-        targets = _LazyDistributions(rows, sampling)
         if sampling.greedy:
             verdict = greedy_accept(draft.tokens, rows)
-        elif isinstance(self._chooser, GumbelChooser):
+        elif self.settings.rule == SamplingRule.INVARIANT:
             position = len(self.prompt) + len(self.tokens)
+            targets = _LazyDistributions(rows, sampling)
             verdict = invariant_accept(draft.tokens, targets, self._chooser, position)
         else:
+            targets = _LazyDistributions(rows, sampling)
             verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
         return verdict, time.perf_counter() - began
 
