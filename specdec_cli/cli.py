@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from . import render
+from .engine import SamplingRule
 from .errors import BadUsageError, SpecdecError
 from .sampling import SamplingSettings
 from .session import DecodeRequest, HardwareOptions
@@ -95,9 +96,10 @@ ExactOpt = Annotated[
     ),
 ]
 RuleOpt = Annotated[
-    str,
+    SamplingRule,  # Typer refuses other values while parsing, before any model is fetched
     typer.Option(
         "--rule",
+        case_sensitive=False,
         help="With --temp > 0: invariant (default) gives the same answer for a seed with or "
         "without a drafter; classic (rejection sampling) keeps more drafts, exact only in "
         "distribution.",
@@ -184,16 +186,6 @@ def default_draft_max(mode: str) -> int:
     return for_mode(mode)
 
 
-def check_rule(rule: str):
-    from .engine import SamplingRule
-
-    try:
-        return SamplingRule(rule)
-    except ValueError:
-        choices = ", ".join(r.value for r in SamplingRule)
-        raise BadUsageError(f"unknown --rule {rule!r}.", f"Use one of: {choices}.") from None
-
-
 def check_drafter_mode(mode: str) -> str:
     from .adaptive import DRAFTER_MODES
 
@@ -272,7 +264,7 @@ def decode_request(
             exact=options["exact"],
         ),
         force_incompatible=options["force"],
-        rule=check_rule(options["rule"]),
+        rule=options["rule"],
     )
 
 
@@ -303,7 +295,7 @@ def run(
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
     exact: ExactOpt = True,
-    rule: RuleOpt = "invariant",
+    rule: RuleOpt = SamplingRule.INVARIANT,
     verify: Annotated[
         bool, typer.Option("--verify", help="Also run the target alone and compare the outputs.")
     ] = False,
@@ -423,7 +415,7 @@ def chat(
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
     exact: ExactOpt = True,
-    rule: RuleOpt = "invariant",
+    rule: RuleOpt = SamplingRule.INVARIANT,
     no_color: Annotated[
         bool, typer.Option("--no-color", help="No colours (the NO_COLOR variable does the same).")
     ] = False,
@@ -498,7 +490,7 @@ def serve(
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
     exact: ExactOpt = True,
-    rule: RuleOpt = "invariant",
+    rule: RuleOpt = SamplingRule.INVARIANT,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve OpenAI's API (chat completions, completions, models) on one loaded pair.
@@ -572,7 +564,7 @@ def bench(
     draft_gpu_layers: DraftGpuLayersOpt = 0,
     force: ForceOpt = False,
     exact: ExactOpt = True,
-    rule: RuleOpt = "invariant",
+    rule: RuleOpt = SamplingRule.INVARIANT,
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Write every number to this file ('-': stdout).")
     ] = None,
@@ -620,7 +612,7 @@ def bench(
                 ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
             ),
             force_incompatible=force,
-            rule=check_rule(rule),
+            rule=rule,
         )
         code = render_bench.run_and_report(
             request, json_path=json_file, markdown_path=markdown_file

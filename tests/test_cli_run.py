@@ -246,3 +246,9 @@ def test_ctrl_c_keeps_the_partial_answer_and_exits_130(tmp_path):
     assert process.returncode == 130, stderr
     assert len(first + rest) > 8
     assert b"interrupted" in stderr
+
+
+def test_an_unknown_rule_is_refused_before_any_model_is_looked_up():
+    result = invoke(["run", "hi", "--target", "no-such-model", "--rule", "bogus"])
+    assert result.exit_code == 2
+    assert "--rule" in result.output and "no-such-model" not in result.output
