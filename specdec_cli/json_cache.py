@@ -7,7 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks; writes stay atomic
+    fcntl = None  # type: ignore[assignment]
 
 
 def read_json_cache(path: Path) -> dict:
@@ -29,3 +35,31 @@ def write_json_cache(path: Path, data: dict) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
+
+
+def update_json_cache(path: Path, change: Callable[[dict], None]) -> None:
+    """Re-read the cache, let `change` edit it in place, write it back: all under a lock, so
+    a key another process wrote between our read and our write is kept, not overwritten by
+    our older copy of the file."""
+    with _locked(path):
+        entries = read_json_cache(path)
+        change(entries)
+        write_json_cache(path, entries)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An advisory lock on `path`.lock; without one (no fcntl, an unwritable folder) the
+    update goes ahead unlocked: a lost cache entry only costs a probe."""
+    handle = None
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_name(f"{path.name}.lock"), "a")  # noqa: SIM115
+    try:
+        if handle is not None and fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # closing releases the lock

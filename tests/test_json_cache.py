@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from specdec_cli.json_cache import read_json_cache, write_json_cache
+from specdec_cli.json_cache import read_json_cache, update_json_cache, write_json_cache
 
 
 def test_what_is_written_is_read_back(tmp_path):
@@ -45,3 +48,36 @@ def test_an_unwritable_folder_is_not_an_error(tmp_path):
     blocked.write_text("")
     write_json_cache(blocked / "cache.json", {"a": 1})  # its folder is a file
     assert read_json_cache(blocked / "cache.json") == {}
+
+
+# Each writer adds its keys one update at a time, starting when the "go" file appears.
+WRITER = """
+import sys, time
+from pathlib import Path
+from specdec_cli.json_cache import update_json_cache
+
+cache, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.001)
+for i in range(60):
+    update_json_cache(cache, lambda entries: entries.update({f"{name}{i}": i}))
+"""
+
+
+def test_two_processes_updating_at_once_lose_neither_ones_keys(tmp_path):
+    cache, go = tmp_path / "cache.json", tmp_path / "go"
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(cache), name, str(go)])
+        for name in ("a", "b")
+    ]
+    time.sleep(0.5)  # both started and waiting
+    go.touch()
+    assert [writer.wait(timeout=60) for writer in writers] == [0, 0]
+    assert read_json_cache(cache) == {f"{name}{i}": i for name in "ab" for i in range(60)}
+
+
+def test_an_update_changes_only_what_it_touches(tmp_path):
+    cache = tmp_path / "cache.json"
+    write_json_cache(cache, {"theirs": 1, "ours": 1})
+    update_json_cache(cache, lambda entries: entries.update(ours=2))
+    assert read_json_cache(cache) == {"theirs": 1, "ours": 2}
