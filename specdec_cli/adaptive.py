@@ -15,8 +15,10 @@ the tokens being decided, so the output stays exactly the target's.
 from __future__ import annotations
 
 import time
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -34,82 +36,241 @@ from .drafters import (
 )
 from .sampling import SamplingSettings, TokenChooser
 
-SMOOTHING = 0.1  # weight of the newest cost sample in the running averages
+# Every decode the engine times is a measurement: per batch size, the median of the most
+# recent ones is that size's cost (a median, so a decode slowed by something else running
+# moves nothing). Drafter steps likewise.
+COST_WINDOW = 9
+DRAFT_STEP_WINDOW = 15
+# A measured size corrects its neighbours by at most this factor either way: no size is
+# ever assumed free or hopeless because of one measurement elsewhere.
+RATIO_LIMITS = (0.1, 10.0)
+MEASURED_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass
 class CostModel:
     """Seconds for one target decode of n tokens, and for one drafter step.
 
-    The target's cost is a table over n, interpolated: on CPUs it is far from linear (here
-    8 tokens cost 6x one token, 16 tokens barely more than 8, as llama.cpp switches
-    kernels), so a straight line would pick the wrong draft lengths."""
+    `verify_seconds` is the table the run starts from (a probe, or the cache): a prior. On
+    CPUs it is far from linear (8 tokens cost 6x one token, 16 barely more than 8, as
+    llama.cpp switches kernels), so it is interpolated, not fitted with a line. Each decode
+    the engine times then corrects it: a size measured in this run costs the median of its
+    recent decodes, and any other size costs the prior's value scaled by the measured/prior
+    ratio of the measured sizes around it (interpolated; the nearest one's beyond them). A
+    table that is wrong by a factor (probed while the machine was busy) heals from a few
+    decodes, and a size never tried keeps the prior's shape at the measured level."""
 
     verify_seconds: dict[int, float]
     draft_step: float
     learn: bool = True  # refine from each round's timings
-    # What a round costs beyond the decode measured at start (Python, a busier machine),
-    # learned from every round. One shift for all sizes: most rounds verify one token, and
-    # learning the one-token cost alone would make longer drafts look cheaper than they are.
-    overhead: float = 0.0
+    origin: str = "probe"  # where the starting table came from (shown with it)
+    trusted: bool = True  # False: a probe that failed its checks (see probe_problems)
+    started_at: float = field(default_factory=time.time, init=False)  # wall clock
+    _observed: dict[int, deque] = field(default_factory=dict, init=False, repr=False)
+    _counts: Counter = field(default_factory=Counter, init=False, repr=False)
+    _steps: deque = field(
+        default_factory=lambda: deque(maxlen=DRAFT_STEP_WINDOW), init=False, repr=False
+    )
+    _start_step: float = field(default=0.0, init=False, repr=False)
     _dense: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._start_step = self.draft_step
 
     def verify(self, n_tokens: int) -> float:
         if self._dense is None or n_tokens > len(self._dense):
             self._dense = self._interpolate(max(n_tokens, 64))
-        return max(1e-6, float(self._dense[n_tokens - 1]) + self.overhead)
+        return max(1e-6, float(self._dense[n_tokens - 1]))
 
     def _interpolate(self, up_to: int) -> np.ndarray:
-        sizes = sorted(self.verify_seconds)
-        seconds = [self.verify_seconds[n] for n in sizes]
+        sizes = sorted(self._observed)
+        prior = _interpolate_table(self.verify_seconds, max(up_to, *sizes, 1))
+        if not sizes:
+            return prior[:up_to]
+        ratios = [float(np.median(self._observed[n])) / max(prior[n - 1], 1e-9) for n in sizes]
+        ratios = np.clip(ratios, *RATIO_LIMITS)
         wanted = np.arange(1, up_to + 1)
-        dense = np.interp(wanted, sizes, seconds)
-        if len(sizes) > 1:  # beyond the last measurement, continue its slope
-            slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
-            beyond = wanted > sizes[-1]
-            dense[beyond] = seconds[-1] + slope * (wanted[beyond] - sizes[-1])
-        return dense
+        return prior[:up_to] * np.interp(wanted, sizes, ratios)
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        if self.learn:
-            self.overhead += SMOOTHING * (seconds - self.verify(n_tokens))
+        if self.learn and seconds > 0:
+            self._observed.setdefault(n_tokens, deque(maxlen=COST_WINDOW)).append(seconds)
+            self._counts[n_tokens] += 1
+            self._dense = None
 
     def observe_draft_step(self, seconds: float) -> None:
-        if self.learn:
-            self.draft_step += SMOOTHING * (seconds - self.draft_step)
+        if self.learn and seconds > 0:
+            self._steps.append(seconds)
+            self.draft_step = float(np.median(self._steps))
+
+    def observations(self, n_tokens: int) -> int:
+        """Decodes of n tokens timed so far in this run."""
+        return self._counts[n_tokens]
+
+    @property
+    def decodes_observed(self) -> int:
+        return sum(self._counts.values())
+
+    def table(self) -> dict[int, float]:
+        """The target's cost now, at the sizes a probe measures (and the prior's own)."""
+        sizes = sorted({*MEASURED_SIZES, *self.verify_seconds})
+        return {n: self.verify(n) for n in sizes}
+
+    def fresh(self) -> CostModel:
+        """The same starting table with nothing learned yet (a new answer's own copy)."""
+        return CostModel(
+            dict(self.verify_seconds), self._start_step, self.learn, self.origin, self.trusted
+        )
+
+    def healed(self) -> CostModel:
+        """What this run learned, as a starting table for the next."""
+        return CostModel(self.table(), self.draft_step, self.learn, "learned", self.trusted)
 
     def as_dict(self) -> dict:
+        """The table the run started from, the one it has now, and how many decodes of each
+        size corrected it."""
         return {
-            "target_decode_ms": {
-                str(n): round(1000 * s, 2) for n, s in sorted(self.verify_seconds.items())
-            },
-            "draft_step_ms": round(1000 * self.draft_step, 2),
-            "overhead_ms": round(1000 * self.overhead, 2),
+            "origin": self.origin,
+            "started": _cost_record(self.verify_seconds, self._start_step),
+            "now": _cost_record(self.table(), self.draft_step),
+            "observed": {str(n): c for n, c in sorted(self._counts.items())},
         }
 
 
-MEASURED_SIZES = (1, 2, 4, 8, 16, 32)
+def _cost_record(table: dict[int, float], step: float) -> dict:
+    return {
+        "target_decode_ms": {str(n): round(1000 * s, 2) for n, s in sorted(table.items())},
+        "draft_step_ms": round(1000 * step, 2),
+    }
+
+
+def _interpolate_table(table: dict[int, float], up_to: int) -> np.ndarray:
+    """Seconds for 1..up_to tokens from a table over some sizes: straight lines between
+    them, the last slope beyond them."""
+    sizes = sorted(table)
+    seconds = [table[n] for n in sizes]
+    wanted = np.arange(1, up_to + 1)
+    dense = np.interp(wanted, sizes, seconds)
+    if len(sizes) > 1:
+        slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+        beyond = wanted > sizes[-1]
+        dense[beyond] = seconds[-1] + slope * (wanted[beyond] - sizes[-1])
+    return dense
+
+
+# A probe's checks. Repeated timings of one size may differ by this factor at most; a
+# larger size may cost less than a smaller one by this fraction (kernel switches); n tokens
+# may cost this much more than n separate one-token decodes (a batch never should).
+PROBE_AGREEMENT = 1.5
+PROBE_SHRINK = 0.15
+PROBE_BATCH_SLACK = 1.25
+PROBE_REPEATS = 2
+
+
+@dataclass
+class ProbeTimings:
+    """A probe's raw timings: seconds per repetition, for each target size and the drafter."""
+
+    verify: dict[int, list[float]]
+    draft_step: list[float]
+
+    def merged(self, other: ProbeTimings) -> ProbeTimings:
+        return ProbeTimings(
+            {n: [*s, *other.verify.get(n, [])] for n, s in self.verify.items()},
+            [*self.draft_step, *other.draft_step],
+        )
+
+
+def probe_problems(timings: ProbeTimings) -> list[str]:
+    """Why a probe's timings cannot be trusted (none: they can). Something else running
+    during a probe shows as samples that disagree, or a batch dearer than its tokens
+    decoded one by one, or a longer batch cheaper than a shorter one."""
+    problems = []
+    for n, samples in sorted(timings.verify.items()):
+        if max(samples) > PROBE_AGREEMENT * min(samples):
+            problems.append(f"{n} tokens: repeated timings disagree ({_ms(samples)})")
+    if timings.draft_step and max(timings.draft_step) > PROBE_AGREEMENT * min(timings.draft_step):
+        problems.append(f"drafter step: repeated timings disagree ({_ms(timings.draft_step)})")
+    table = {n: float(np.median(s)) for n, s in timings.verify.items()}
+    return problems + table_problems(table)
+
+
+def table_problems(table: dict[int, float]) -> list[str]:
+    """Shape checks of a cost table: costs grow with n, within a tolerance, and n tokens
+    cost no more than about n one-token decodes."""
+    problems = []
+    sizes = sorted(table)
+    for smaller, larger in pairwise(sizes):
+        if table[larger] < (1 - PROBE_SHRINK) * table[smaller]:
+            problems.append(f"{larger} tokens cost less than {smaller}")
+    one = table.get(1)
+    for n in sizes:
+        if one is not None and n > 1 and table[n] > PROBE_BATCH_SLACK * n * one:
+            problems.append(f"{n} tokens cost more than {n} one-token decodes")
+    return problems
+
+
+def _ms(samples: Sequence[float]) -> str:
+    return "/".join(f"{1000 * s:.0f}" for s in samples) + " ms"
+
+
+def conservative_table(timings: ProbeTimings) -> dict[int, float]:
+    """From timings that failed the checks: each size's fastest sample (something else
+    running only ever slows a decode), made to grow with n and capped at n one-token
+    decodes, so no draft length starts out looking hopeless."""
+    table: dict[int, float] = {}
+    for n in sorted(timings.verify):
+        fastest = min(timings.verify[n])
+        if table:
+            fastest = max(fastest, max(table.values()))
+        if 1 in table:
+            fastest = min(fastest, n * table[1])
+        table[n] = fastest
+    return table
 
 
 def measure_costs(target: Backend, drafter: Backend | None, probe: Sequence[int]) -> CostModel:
-    """Time the decodes that matter on this machine, on a throwaway probe text."""
+    """Time the decodes that matter on this machine, on a throwaway probe text, and check
+    the timings (see probe_problems). A probe that fails is taken again; if that fails too,
+    the run starts from a conservative table built from both, marked untrusted (not to be
+    cached) and healed by the run's own decodes."""
+    first = _probe(target, drafter, probe)
+    problems = probe_problems(first)
+    if not problems:
+        return _probed(first, "probe")
+    second = _probe(target, drafter, probe)
+    if not probe_problems(second):
+        return _probed(second, "probe, second try")
+    both = first.merged(second)
+    step = min(both.draft_step) if both.draft_step else 0.0
+    origin = f"probe failed its checks twice ({problems[0]}): conservative table"
+    return CostModel(conservative_table(both), step, origin=origin, trusted=False)
+
+
+def _probed(timings: ProbeTimings, origin: str) -> CostModel:
+    table = {n: float(np.median(s)) for n, s in timings.verify.items()}
+    step = float(np.median(timings.draft_step)) if timings.draft_step else 0.0
+    return CostModel(table, step, origin=origin)
+
+
+def _probe(target: Backend, drafter: Backend | None, probe: Sequence[int]) -> ProbeTimings:
     context = list(probe[: len(probe) - max(MEASURED_SIZES)])
     room = min(target.n_ctx, len(probe)) - len(context)
-    table = {
-        n: _median_decode_seconds(target, context, probe[len(context) : len(context) + n])
+    verify = {
+        n: _decode_seconds(target, context, probe[len(context) : len(context) + n])
         for n in MEASURED_SIZES
         if n <= room
     }
-    step = _median_decode_seconds(drafter, context, probe[len(context) :][:1]) if drafter else 0.0
+    step = _decode_seconds(drafter, context, probe[len(context) :][:1]) if drafter else []
     for backend in (target, drafter):
         if backend is not None:
             backend.truncate(0)
-    return CostModel(table, step)
+    return ProbeTimings(verify, step)
 
 
-def _median_decode_seconds(
-    backend: Backend, context: Sequence[int], tail: Sequence[int], reps: int = 2
-) -> float:
+def _decode_seconds(
+    backend: Backend, context: Sequence[int], tail: Sequence[int], reps: int = PROBE_REPEATS
+) -> list[float]:
     if backend.cached[: len(context)] != list(context):
         backend.truncate(0)
         backend.decode(context, 1)
@@ -119,7 +280,7 @@ def _median_decode_seconds(
         began = time.perf_counter()
         backend.decode(tail, len(tail))
         samples.append(time.perf_counter() - began)
-    return float(np.median(samples))
+    return samples
 
 
 @dataclass
@@ -243,6 +404,16 @@ MIN_PROBE_MATCH = 3
 # A batch of tokens decoded to catch the drafter up costs about this fraction of as many
 # single steps (llama.cpp batches them into one decode).
 CATCH_UP_COST = 0.4  # shorter matches are mostly chance, in prose and code alike
+# Decode sizes the planner tries now and then even where the cost table calls them too
+# dear, so a table that overprices them (probed on a busy machine) is corrected instead of
+# locking drafting off. A try drafts n - 1 tokens from the best source at hand: the
+# prediction, an n-gram match of at least MIN_PROBE_MATCH tokens, or the draft model (at
+# most MODEL_EXPLORE_TOKENS, each a drafter step). The least measured size goes first.
+EXPLORE_SIZES = (2, 4, 8, 16, 32)
+MODEL_EXPLORE_TOKENS = 7
+# A try that moved its size's cost by more than this fraction found the table wrong: the
+# next comes soon again. One that did not doubles the wait (ProbeSchedule).
+EXPLORE_MOVED = 0.2
 
 
 @dataclass
@@ -257,8 +428,10 @@ class AdaptiveDrafter:
     margin: float = 1.02  # a plan must beat the target alone by this much
     model_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     ngram_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
+    cost_probes: ProbeSchedule = field(default_factory=lambda: ProbeSchedule(first=16))
     prediction: PredictionIndex | None = None  # this answer's Predicted Outputs, if any
     prompt_length: int = 0
+    _exploring: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
     def propose(
         self,
@@ -267,6 +440,9 @@ class AdaptiveDrafter:
         sampling: SamplingSettings,
         chooser: TokenChooser,
     ) -> Draft:
+        explored = self._explore(context, max_tokens, sampling, chooser)
+        if explored is not None:
+            return explored
         plain_rate = 1.0 / self.costs.verify(1)
         catch_up = self._catch_up_seconds(context)
         model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
@@ -306,10 +482,52 @@ class AdaptiveDrafter:
         self.acceptance.learn(draft, outcome.n_accepted)
         if not outcome.includes_prompt:
             self.costs.observe_verify(len(draft.tokens) + 1, outcome.verify_seconds)
+        if self._exploring is not None:
+            size, before = self._exploring
+            self._exploring = None
+            if abs(self.costs.verify(size) - before) > EXPLORE_MOVED * before:
+                self.cost_probes.paid()
         if self.model is not None:
             for seconds in self.model.step_seconds:
                 self.costs.observe_draft_step(seconds)
             self.model.step_seconds.clear()
+
+    # -- exploring costs -------------------------------------------------------------------
+
+    def _explore(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        chooser: TokenChooser,
+    ) -> Draft | None:
+        """When due, a draft of a size the table knows least (see EXPLORE_SIZES), whatever
+        the table says it costs; None otherwise."""
+        if not self.costs.learn:
+            return None
+        if not self.cost_probes.due():
+            self.cost_probes.skipped()
+            return None
+        predicted, _, _ = self._prediction_plan(context, max_tokens)
+        match = NO_MATCH
+        if self.ngram is not None:
+            match = self.ngram.candidates(context, max_tokens)
+            if match.length < MIN_PROBE_MATCH:
+                match = NO_MATCH
+        model_tokens = MODEL_EXPLORE_TOKENS if self.model is not None else 0
+        available = min(max_tokens, max(len(predicted.tokens), len(match.tokens), model_tokens))
+        sizes = [n for n in EXPLORE_SIZES if n - 1 <= available]
+        if not sizes:
+            return None  # nothing to draft from now: stay due
+        size = min(sizes, key=lambda n: (self.costs.observations(n), n))
+        k = size - 1
+        self.cost_probes.probed()
+        self._exploring = (size, self.costs.verify(size))
+        if self.prediction is not None and len(predicted.tokens) >= k:
+            return self.prediction.take(predicted, k)
+        if self.ngram is not None and len(match.tokens) >= k:
+            return self.ngram.take(match, k)
+        return self._model_draft(context, k, sampling, chooser, at_least=k)
 
     # -- planning --------------------------------------------------------------------------
 

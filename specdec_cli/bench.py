@@ -11,7 +11,6 @@ configuration's tokens/s over the target alone's in the same repeat.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -374,7 +373,8 @@ def make_drafter(
         raise BadUsageError(
             f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
         )
-    return build_drafter(configuration.drafter, pair.target, drafter, costs=copy.copy(costs))
+    fresh = costs.fresh() if costs is not None else None  # each run learns on its own copy
+    return build_drafter(configuration.drafter, pair.target, drafter, costs=fresh)
 
 
 def parse_int_list(text: str, option: str) -> list[int]:

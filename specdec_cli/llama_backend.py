@@ -8,6 +8,7 @@ with `llama_memory_seq_rm`.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import sys
 from collections.abc import Sequence
@@ -86,6 +87,31 @@ def system_info() -> str:
 
 def library_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
+
+
+def kernel_signature(exact: bool) -> str:
+    """What decides which kernels a decode runs and so what it costs, for keying measured
+    decode costs: the library's version, the shared library's build (size and time: a rebuild
+    with other kernels or flags is another build), whether it has the batch-invariant kernels
+    and whether they are used (exact) and up to how many rows."""
+    parts = [f"llama-cpp-python={library_version()}", f"lib={_library_build()}"]
+    if _set_invariant_rows is None:
+        parts.append("invariant=none")
+    else:
+        parts.append(f"invariant=rows<={EXACT_BATCH_ROWS}" if exact else "invariant=off")
+    return ",".join(parts)
+
+
+def _library_build() -> str:
+    """A short digest of the size and time of every llama.cpp and ggml library file beside
+    libllama (the kernels live in libggml-cpu, which a rebuild may change alone)."""
+    try:
+        folder = Path(llama_cpp.llama_cpp._lib._name).resolve().parent
+        files = sorted(p for p in folder.iterdir() if p.name.startswith(("libllama", "libggml")))
+        stamps = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+    except (AttributeError, OSError, TypeError):
+        return "unknown"
+    return hashlib.sha256("|".join(stamps).encode()).hexdigest()[:12]
 
 
 class LlamaBackend:

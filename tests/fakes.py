@@ -274,3 +274,51 @@ class FixedDrafter:
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         pass
+
+
+# --- time ---------------------------------------------------------------------------------------
+
+
+class ScriptedClock:
+    """Stands in for time.perf_counter: time moves only when a TimedBackend decodes."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class TimedBackend(FakeBackend):
+    """A FakeBackend whose decode of n tokens takes `cost(n)` seconds on `clock`."""
+
+    def __init__(
+        self,
+        logits_fn: LogitsFn,
+        n_vocab: int,
+        clock: ScriptedClock,
+        cost: Callable[[int], float],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(logits_fn, n_vocab, **kwargs)
+        self.clock, self.cost = clock, cost
+
+    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+        self.clock.advance(self.cost(len(tokens)))
+        return super().decode(tokens, n_logit_rows)
+
+
+def table_cost(table: Mapping[int, float]) -> Callable[[int], float]:
+    """Decode seconds from a table over some sizes, straight lines between them (and the
+    last size's cost per token beyond them, as for a prompt)."""
+    sizes = sorted(table)
+
+    def cost(n: int) -> float:
+        if n > sizes[-1]:
+            return table[sizes[-1]] * n / sizes[-1]
+        return float(np.interp(n, sizes, [table[s] for s in sizes]))
+
+    return cost

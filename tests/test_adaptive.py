@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
-from fakes import FakeBackend, scripted_model
+from fakes import (
+    FakeBackend,
+    ScriptedClock,
+    TimedBackend,
+    scripted_model,
+    sequence_model,
+    table_cost,
+)
 
 from specdec_cli.adaptive import (
     AcceptanceModel,
     AdaptiveDrafter,
     CostModel,
     ProbeSchedule,
+    ProbeTimings,
     Rate,
+    build_drafter,
     expected_tokens,
     measure_costs,
+    probe_problems,
 )
 from specdec_cli.drafters import Draft, ModelDrafter, NgramDrafter
+from specdec_cli.engine import Generation, GenerationSettings, Round
 from specdec_cli.sampling import Distribution, GumbelChooser, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -37,12 +51,42 @@ def test_verify_costs_continue_the_last_slope_beyond_the_table():
     assert costs.verify(100) == pytest.approx(98.0)  # past the first dense table of 64
 
 
-def test_one_learned_overhead_shifts_every_size_alike():
+def test_a_measured_size_costs_the_median_of_its_recent_decodes():
     costs = CostModel({1: 1.0, 8: 3.0}, draft_step=0.1)
-    for _ in range(200):
-        costs.observe_verify(1, 1.5)  # every round takes half a second longer than measured
-    assert costs.overhead == pytest.approx(0.5, abs=1e-3)
-    assert costs.verify(8) == pytest.approx(3.5, abs=1e-3)
+    for seconds in (1.5, 1.4, 9.0, 1.6, 1.5):  # one decode slowed by something else
+        costs.observe_verify(1, seconds)
+    assert costs.verify(1) == pytest.approx(1.5)
+
+
+def test_a_measured_size_rescales_the_sizes_around_it():
+    # The start table prices 2 tokens and more at three times their cost.
+    costs = CostModel({1: 1.0, 2: 6.0, 4: 12.0, 8: 24.0}, draft_step=0.1)
+    costs.observe_verify(1, 1.0)
+    costs.observe_verify(4, 4.0)  # a third of the table's price
+    assert costs.verify(4) == pytest.approx(4.0)
+    assert costs.verify(8) == pytest.approx(8.0)  # beyond: the nearest measured ratio
+    assert costs.verify(32) == pytest.approx(32.0)
+    assert costs.verify(2) == pytest.approx(6.0 * (1.0 + (1 / 3 - 1.0) / 3))  # between
+
+
+def test_one_measurement_makes_no_size_free_or_hopeless():
+    costs = CostModel({1: 1.0, 8: 3.0}, draft_step=0.1)
+    costs.observe_verify(1, 1000.0)
+    assert costs.verify(8) == pytest.approx(30.0)  # at most ten times the table
+    costs.observe_verify(1, 0.0)  # not a timing: ignored
+    assert costs.verify(1) == pytest.approx(10.0)
+
+
+def test_a_fresh_copy_starts_from_the_same_table_and_a_healed_one_from_what_was_learned():
+    costs = CostModel({1: 1.0, 8: 6.0}, draft_step=0.1)
+    costs.observe_verify(8, 3.0)
+    costs.observe_draft_step(0.2)
+    fresh, healed = costs.fresh(), costs.healed()
+    assert (fresh.verify(8), fresh.draft_step, fresh.decodes_observed) == (6.0, 0.1, 0)
+    assert healed.verify(8) == pytest.approx(3.0) and healed.draft_step == 0.2
+    assert costs.as_dict()["started"]["target_decode_ms"]["8"] == 6000.0
+    assert costs.as_dict()["now"]["target_decode_ms"]["8"] == 3000.0
+    assert costs.as_dict()["observed"] == {"8": 1}
 
 
 def test_draft_step_follows_the_measured_steps():
@@ -57,6 +101,72 @@ def test_fixed_costs_learn_nothing():
     costs.observe_verify(1, 5.0)
     costs.observe_draft_step(5.0)
     assert (costs.verify(1), costs.draft_step) == (1.0, 0.1)
+
+
+# A quiet machine's costs (a healthy probe of the default pair in the issue that asked for
+# healing, extended to 32), and the same table probed while something else ran: every size
+# of 2 tokens or more three times as dear.
+QUIET = {1: 0.046, 2: 0.060, 4: 0.101, 8: 0.189, 16: 0.300, 32: 0.560}
+POISONED = {n: s if n == 1 else 3 * s for n, s in QUIET.items()}
+DRAFT_STEP = 0.020
+
+
+@pytest.fixture
+def clock(monkeypatch) -> ScriptedClock:
+    """time.perf_counter, as the engine, the drafters and the probe read it, moves only when
+    a TimedBackend decodes."""
+    clock = ScriptedClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock
+
+
+def timed_pair(clock: ScriptedClock, costs: dict[int, float], logits=None, n_ctx: int = 512):
+    logits = logits or scripted_model(lambda p: 1, N_VOCAB)
+    target = TimedBackend(logits, N_VOCAB, clock, table_cost(costs), n_ctx=n_ctx)
+    drafter = TimedBackend(logits, N_VOCAB, clock, lambda n: DRAFT_STEP * n, n_ctx=n_ctx)
+    return target, drafter
+
+
+PROBE = [t % N_VOCAB for t in range(40)]
+
+
+def test_a_quiet_probe_passes_its_checks_and_is_trusted(clock):
+    costs = measure_costs(*timed_pair(clock, QUIET), PROBE)
+    assert costs.trusted and costs.origin == "probe"
+    assert costs.verify_seconds == pytest.approx(QUIET)
+    assert costs.draft_step == pytest.approx(DRAFT_STEP)
+
+
+def test_a_probe_that_fails_twice_is_untrusted_and_starts_from_a_conservative_table(clock):
+    costs = measure_costs(*timed_pair(clock, POISONED), PROBE)
+    assert not costs.trusted and "cost more than 2 one-token decodes" in costs.origin
+    # Each size capped at as many one-token decodes: no length starts out hopeless.
+    assert costs.verify_seconds == pytest.approx(
+        {n: min(s, n * 0.046) for n, s in POISONED.items()}
+    )
+
+
+def test_a_probe_that_fails_once_is_taken_again(clock):
+    decodes = iter(range(10**6))
+    busy = lambda n: table_cost(POISONED if next(decodes) < 12 else QUIET)(n)  # noqa: E731
+    target, drafter = timed_pair(clock, QUIET)
+    target.cost = busy
+    costs = measure_costs(target, drafter, PROBE)
+    assert costs.trusted and costs.origin == "probe, second try"
+    assert costs.verify_seconds == pytest.approx(QUIET)
+
+
+@pytest.mark.parametrize(
+    ("samples", "problem"),
+    [
+        ({1: [0.03, 0.06], 2: [0.06, 0.06]}, "1 tokens: repeated timings disagree (30/60 ms)"),
+        ({1: [0.03, 0.03], 2: [0.08, 0.08]}, "2 tokens cost more than 2 one-token decodes"),
+        ({1: [0.03, 0.03], 4: [0.1, 0.1], 8: [0.08, 0.08]}, "8 tokens cost less than 4"),
+    ],
+)
+def test_probe_checks(samples, problem):
+    assert probe_problems(ProbeTimings(samples, [])) == [problem]
+    assert probe_problems(ProbeTimings({1: [0.03, 0.031], 2: [0.06, 0.062]}, [0.02])) == []
 
 
 def test_measuring_times_each_size_that_fits_and_leaves_the_caches_empty():
@@ -190,3 +300,46 @@ def test_a_model_draft_stops_where_its_next_token_costs_more_than_it_brings():
     # Verifying 5 tokens costs twice as much as 4: a 4th draft token would not pay.
     draft = propose(confident_model_drafter({1: 1.0, 4: 1.0, 8: 5.0}), [1, 2, 3], max_tokens=6)
     assert draft.tokens == [4, 5, 6]
+
+
+# --- healing: every decode is a measurement ------------------------------------------------------
+
+
+def copying_run(clock: ScriptedClock, start: dict[int, float], mode: str = "ngram"):
+    """An answer that copies its 100-token prompt four times over (an edit, as n-gram drafts
+    see it), on a target whose decodes cost QUIET, planned from the `start` table.
+    Returns the rounds, the finished answer and the drafter's cost model."""
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, N_VOCAB, 100)]
+    answer = prompt * 4
+    target, draft_backend = timed_pair(
+        clock, QUIET, logits=sequence_model(answer, len(prompt), N_VOCAB), n_ctx=1024
+    )
+    costs = CostModel(dict(start), DRAFT_STEP)
+    drafter = build_drafter(mode, target, draft_backend, costs=costs)
+    settings = GenerationSettings(max_tokens=len(answer), draft_max=32)
+    events = list(Generation(target, prompt, settings, drafter).events())
+    rounds = [e for e in events if isinstance(e, Round)]
+    return rounds, events[-1], costs
+
+
+@pytest.mark.parametrize("mode", ["ngram", "combined"])
+def test_a_poisoned_table_heals_within_one_answer(clock, mode):
+    quiet_rounds, quiet, _ = copying_run(clock, QUIET, mode)
+    rounds, poisoned, costs = copying_run(clock, POISONED, mode)
+    assert poisoned.tokens == quiet.tokens
+    # Drafting resumes within a bounded number of rounds.
+    first_long = next(i for i, r in enumerate(rounds) if r.drafted >= 4)
+    assert first_long <= 24
+    assert poisoned.stats.tokens_per_second >= 0.9 * quiet.stats.tokens_per_second
+    # What the next run would start from is the quiet table, to within 20%.
+    for n, seconds in costs.healed().verify_seconds.items():
+        assert seconds == pytest.approx(QUIET[n], rel=0.2), n
+
+
+def test_a_size_the_table_overprices_is_tried_now_and_then(clock):
+    # Only 8 tokens and more are overpriced: drafting never stops, but without trying the
+    # dear sizes the planner would never learn that long drafts pay.
+    start = {n: s if n < 8 else 3 * s for n, s in QUIET.items()}
+    rounds, _, costs = copying_run(clock, start, "ngram")
+    assert costs.observations(8) + costs.observations(16) + costs.observations(32) > 0
+    assert max(r.drafted for r in rounds) >= 15

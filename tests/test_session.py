@@ -1,16 +1,24 @@
-"""Sizing the context when --ctx-size is not given."""
+"""Sizing the context when --ctx-size is not given; the decode-costs cache."""
 
 from __future__ import annotations
 
-import pytest
-from fakes import FakeBackend, table_model
+import time
+from pathlib import Path
 
+import pytest
+from fakes import FakeBackend, ScriptedClock, TimedBackend, scripted_model, table_cost, table_model
+
+from specdec_cli.json_cache import read_json_cache, write_json_cache
 from specdec_cli.session import (
     MIN_CONTEXT,
     HardwareOptions,
     ModelPair,
     context_size,
+    costs_cache,
+    costs_key,
     fit_context,
+    pair_costs,
+    remember_costs,
 )
 
 
@@ -46,3 +54,93 @@ def test_the_users_ctx_size_is_kept():
     pair = fake_pair(trained=32768)
     fit_context(pair, HardwareOptions(ctx_size=MIN_CONTEXT), needed=3000)
     assert pair.target.n_ctx == pair.drafter.n_ctx == MIN_CONTEXT
+
+
+# --- the decode-costs cache ----------------------------------------------------------------------
+
+QUIET = {1: 0.046, 2: 0.060, 4: 0.101, 8: 0.189, 16: 0.300, 32: 0.560}
+BUSY = {n: s if n == 1 else 3 * s for n, s in QUIET.items()}  # probed during a build
+BYTES = [bytes([b]) for b in range(256)]  # tokenizes any text, the probe's included
+
+
+@pytest.fixture
+def clock(monkeypatch) -> ScriptedClock:
+    clock = ScriptedClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock
+
+
+def timed_pair(clock: ScriptedClock, costs: dict[int, float], folder: Path) -> ModelPair:
+    """A pair of TimedBackends standing for two model files in `folder`."""
+    backends = []
+    for name, cost in (("target", table_cost(costs)), ("draft", lambda n: 0.02 * n)):
+        backend = TimedBackend(scripted_model(lambda p: 1, 256), 256, clock, cost, pieces=BYTES)
+        backend.path = folder / f"{name}.gguf"
+        backend.path.write_bytes(b"GGUF")
+        backends.append(backend)
+    return ModelPair(*backends)
+
+
+HARDWARE = HardwareOptions(threads=2)
+
+
+def cached_entries() -> dict:
+    return read_json_cache(costs_cache())
+
+
+def test_a_probe_that_passes_its_checks_is_cached_and_reused(clock, tmp_path):
+    pair = timed_pair(clock, QUIET, tmp_path)
+    costs = pair_costs(pair, HARDWARE, kernels="k1")
+    assert costs.trusted and costs.verify_seconds == pytest.approx(QUIET)
+    assert list(cached_entries()) == [costs_key(pair, HARDWARE, "k1")]
+    decodes = pair.target.decode_calls
+    again = pair_costs(pair, HARDWARE, kernels="k1")
+    assert pair.target.decode_calls == decodes  # not probed again
+    assert again.origin == "cache (probe)" and again.verify_seconds == pytest.approx(QUIET)
+
+
+def test_a_probe_that_fails_its_checks_is_not_cached(clock, tmp_path):
+    costs = pair_costs(timed_pair(clock, BUSY, tmp_path), HARDWARE, kernels="k1")
+    assert not costs.trusted
+    assert cached_entries() == {}
+
+
+def test_the_cache_is_keyed_by_kernels_threads_and_gpu_layers(clock, tmp_path):
+    pair = timed_pair(clock, QUIET, tmp_path)
+    keys = {
+        costs_key(pair, HARDWARE, "k1"),
+        costs_key(pair, HARDWARE, "k2"),
+        costs_key(pair, HardwareOptions(threads=1), "k1"),
+        costs_key(pair, HardwareOptions(threads=2, gpu_layers=-1), "k1"),
+        costs_key(pair, HardwareOptions(threads=2, exact=False), "k1"),
+    }
+    assert len(keys) == 5
+
+
+def test_what_a_run_learned_is_written_back_for_the_next(clock, tmp_path):
+    pair = timed_pair(clock, BUSY, tmp_path)
+    costs = pair_costs(pair, HARDWARE, kernels="k1")  # untrusted: not cached
+    for n in (1, 2, 5, 9, 17, 33) * 4:  # the run's own decodes, at quiet costs
+        costs.observe_verify(n, table_cost(QUIET)(n))
+    remember_costs(pair, HARDWARE, costs, kernels="k1")
+    start = pair_costs(pair, HARDWARE, kernels="k1")
+    assert start.origin == "cache (learned)"
+    assert start.verify_seconds == pytest.approx(QUIET, rel=0.2)
+
+
+def test_a_write_back_keeps_other_keys_and_meets_a_concurrent_one_halfway(clock, tmp_path):
+    pair = timed_pair(clock, QUIET, tmp_path)
+    costs = pair_costs(pair, HARDWARE, kernels="k1")
+    for _ in range(20):
+        costs.observe_verify(1, 0.040)
+    key = costs_key(pair, HARDWARE, "k1")
+    entries = cached_entries()
+    # Meanwhile another process wrote another key, and this key with 1 token at 60 ms.
+    entries["other"] = {"measured_at": 1.0}
+    entries[key] = {**entries[key], "measured_at": time.time() + 1}
+    entries[key]["verify_seconds"]["1"] = 0.060
+    write_json_cache(costs_cache(), entries)
+    remember_costs(pair, HARDWARE, costs, kernels="k1")
+    entries = cached_entries()
+    assert entries["other"] == {"measured_at": 1.0}
+    assert entries[key]["verify_seconds"]["1"] == pytest.approx((0.040 + 0.060) / 2)
