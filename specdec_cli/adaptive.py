@@ -65,7 +65,8 @@ class CostModel:
     learn: bool = True  # refine from each round's timings
     origin: str = "probe"  # where the starting table came from (shown with it)
     trusted: bool = True  # False: a probe that failed its checks (see probe_problems)
-    started_at: float = field(default_factory=time.time, init=False)  # wall clock
+    # When this starting table was measured (wall clock; a cache entry's measured_at).
+    started_at: float = field(default_factory=time.time)
     _observed: dict[int, deque] = field(default_factory=dict, init=False, repr=False)
     _counts: Counter = field(default_factory=Counter, init=False, repr=False)
     _steps: deque = field(
@@ -119,7 +120,12 @@ class CostModel:
     def fresh(self) -> CostModel:
         """The same starting table with nothing learned yet (a new answer's own copy)."""
         return CostModel(
-            dict(self.verify_seconds), self._start_step, self.learn, self.origin, self.trusted
+            dict(self.verify_seconds),
+            self._start_step,
+            self.learn,
+            self.origin,
+            self.trusted,
+            self.started_at,
         )
 
     def healed(self) -> CostModel:
@@ -165,6 +171,9 @@ PROBE_AGREEMENT = 1.5
 PROBE_SHRINK = 0.15
 PROBE_BATCH_SLACK = 1.25
 PROBE_REPEATS = 2
+# ... and any two timings may differ by this much whatever their ratio: the operating
+# system's jitter, which only matters for models that decode in a millisecond or less.
+PROBE_JITTER = 0.001
 
 
 @dataclass
@@ -187,9 +196,9 @@ def probe_problems(timings: ProbeTimings) -> list[str]:
     decoded one by one, or a longer batch cheaper than a shorter one."""
     problems = []
     for n, samples in sorted(timings.verify.items()):
-        if max(samples) > PROBE_AGREEMENT * min(samples):
+        if not _agree(samples):
             problems.append(f"{n} tokens: repeated timings disagree ({_ms(samples)})")
-    if timings.draft_step and max(timings.draft_step) > PROBE_AGREEMENT * min(timings.draft_step):
+    if timings.draft_step and not _agree(timings.draft_step):
         problems.append(f"drafter step: repeated timings disagree ({_ms(timings.draft_step)})")
     table = {n: float(np.median(s)) for n, s in timings.verify.items()}
     return problems + table_problems(table)
@@ -201,13 +210,17 @@ def table_problems(table: dict[int, float]) -> list[str]:
     problems = []
     sizes = sorted(table)
     for smaller, larger in pairwise(sizes):
-        if table[larger] < (1 - PROBE_SHRINK) * table[smaller]:
+        if table[larger] + PROBE_JITTER < (1 - PROBE_SHRINK) * table[smaller]:
             problems.append(f"{larger} tokens cost less than {smaller}")
     one = table.get(1)
     for n in sizes:
-        if one is not None and n > 1 and table[n] > PROBE_BATCH_SLACK * n * one:
+        if one is not None and n > 1 and table[n] > PROBE_BATCH_SLACK * n * one + PROBE_JITTER:
             problems.append(f"{n} tokens cost more than {n} one-token decodes")
     return problems
+
+
+def _agree(samples: Sequence[float]) -> bool:
+    return max(samples) <= PROBE_AGREEMENT * min(samples) + PROBE_JITTER
 
 
 def _ms(samples: Sequence[float]) -> str:
@@ -657,6 +670,11 @@ def build_drafter(
     costs = costs or measure_pair_costs(target, model.backend if model else None)
     ngram = NgramDrafter() if mode in ("combined", "ngram") else None
     return AdaptiveDrafter(costs, model=model, ngram=ngram)
+
+
+def costs_of(drafter: Drafter | None) -> CostModel | None:
+    """The cost model a drafter plans with and learns into (adaptive modes only)."""
+    return drafter.costs if isinstance(drafter, AdaptiveDrafter) else None
 
 
 def measure_pair_costs(target: Backend, draft_model: Backend | None) -> CostModel:

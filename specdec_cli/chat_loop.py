@@ -10,10 +10,18 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from . import render
+from .adaptive import costs_of
 from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
 from .engine import Piece
 from .errors import SpecdecError
-from .session import CHAT_CONTEXT, DecodeRequest, drafter_for, fit_context, load_models
+from .session import (
+    CHAT_CONTEXT,
+    DecodeRequest,
+    drafter_for,
+    fit_context,
+    load_models,
+    remember_costs,
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,9 @@ def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
                 _apply(command, session, view)
         except SpecdecError as error:  # a bad command or an oversized message: say so, go on
             view.error(error)
+    costs = costs_of(drafter)
+    if costs is not None:  # the next session starts from what this one measured
+        remember_costs(pair, decode.hardware, costs)
     return 0
 
 

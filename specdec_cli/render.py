@@ -64,6 +64,33 @@ def print_stats(console: Console, stats: GenerationStats, finish_reason: FinishR
     console.print(f"[dim]{stats_summary(stats)}{reason}[/dim]", soft_wrap=True)
 
 
+def costs_summary(costs: dict) -> str:
+    """A cost table (CostModel.as_dict) in one line: each size's target decode and the
+    drafter step, in ms, as the run started and as it ended where they differ."""
+
+    def moved(before: float, after: float) -> str:
+        return f"{before:.0f}" if round(before) == round(after) else f"{before:.0f}→{after:.0f}"
+
+    started, now = costs["started"], costs["now"]
+    sizes = [
+        f"{n}: {moved(started['target_decode_ms'].get(n, ms), ms)}"
+        for n, ms in now["target_decode_ms"].items()
+    ]
+    step = ""
+    if now["draft_step_ms"]:
+        step = f" · drafter step {moved(started['draft_step_ms'], now['draft_step_ms'])}"
+    observed = sum(costs["observed"].values())
+    return (
+        f"decode costs, ms by tokens ({costs['origin']}; {observed} decodes timed): "
+        + " · ".join(sizes)
+        + step
+    )
+
+
+def print_costs(console: Console, costs: dict) -> None:
+    console.print(f"[dim]{escape(costs_summary(costs))}[/dim]", soft_wrap=True)
+
+
 def comparison_summary(comparison: Comparison, plain_tps: float, speculative_tps: float) -> str:
     speed = f"target alone {plain_tps:.1f} tok/s, speculative {speculative_tps:.1f} tok/s"
     if comparison.identical:

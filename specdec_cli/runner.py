@@ -7,6 +7,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from . import render
+from .adaptive import CostModel, costs_of
 from .comparison import Comparison, compare_outputs
 from .engine import Finished, Generation
 from .session import (
@@ -18,6 +19,7 @@ from .session import (
     load_models,
     prediction_tokens,
     prompt_tokens,
+    remember_costs,
 )
 
 EXIT_OK = 0
@@ -53,16 +55,21 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     generation = Generation(pair.target, prompt, settings, drafter=drafter)
     answer = None if json_output else render.AnswerStream(sys.stdout)
     finished, interrupted = _consume(generation, answer)
+    costs = costs_of(drafter)
+    if costs is not None:  # the next run starts from what this one measured
+        remember_costs(pair, request.decode.hardware, costs)
     check = _check(pair, prompt, request, finished) if request.verify else None
 
     if answer is None:
-        render.print_json(sys.stdout, _record(request, finished, check))
+        render.print_json(sys.stdout, _record(request, finished, check, costs))
     else:
         answer.finish_line()
         if interrupted:
             err.print("[yellow]interrupted:[/yellow] the answer above is partial.")
         if err.is_terminal or request.verify:
             render.print_stats(err, finished.stats, finished.finish_reason)
+        if costs is not None and request.decode.hardware.verbose:
+            render.print_costs(err, costs.as_dict())
         if check is not None:
             err.print(check.summary(finished), soft_wrap=True)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
@@ -98,13 +105,17 @@ def _check(pair: ModelPair, prompt: list[int], request: RunRequest, speculative:
     return Check(compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain)
 
 
-def _record(request: RunRequest, finished: Finished, check: Check | None) -> dict:
+def _record(
+    request: RunRequest, finished: Finished, check: Check | None, costs: CostModel | None
+) -> dict:
     record = {
         "text": finished.text,
         "tokens": finished.tokens,
         "finish_reason": finished.finish_reason,
         "stats": finished.stats.as_dict(),
         "settings": request.settings_record(),
+        # The decode costs the planner started from and ended with (adaptive modes).
+        "costs": None if costs is None else costs.as_dict(),
     }
     if check is not None:
         record["verify"] = {

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import render, render_serve
+from .adaptive import costs_of
 from .engine import GenerationSettings
 from .errors import SpecdecError
 from .render_serve import RequestLog, RequestRecord
@@ -40,7 +41,7 @@ from .serve_protocol import (
     parse_request,
 )
 from .serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker, shutting_down
-from .session import DecodeRequest, drafter_for, fit_context, load_models
+from .session import DecodeRequest, drafter_for, fit_context, load_models, remember_costs
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVE_CONTEXT = 8192  # without --ctx-size: room for an editor's file and a long answer
@@ -443,6 +444,9 @@ def serve(request: ServeRequest) -> int:
     finally:
         worker.close()
         sock.close()
+        costs = costs_of(drafter)
+        if costs is not None:  # the next start begins from what this one measured
+            remember_costs(pair, request.decode.hardware, costs)
     console.print("specdec serve: stopped", highlight=False)
     return 0 if server.started else 1
 

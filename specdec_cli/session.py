@@ -227,6 +227,7 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions, kernels: str | None =
     costs = measure_pair_costs(pair.target, pair.drafter)
     if key and costs.trusted:
         entry = _cost_entry(costs)
+        costs.started_at = entry["measured_at"]  # a later entry is another process's
         update_json_cache(cache, lambda entries: entries.update({key: entry}))
     return costs
 
@@ -276,7 +277,8 @@ def _cached_costs(entry: object) -> CostModel | None:
     if not isinstance(entry, dict):
         return None
     try:
-        if time.time() - float(entry["measured_at"]) >= COSTS_MAX_AGE_SECONDS:
+        measured_at = float(entry["measured_at"])
+        if time.time() - measured_at >= COSTS_MAX_AGE_SECONDS:
             return None
         table = {int(n): float(s) for n, s in entry["verify_seconds"].items()}
         step = float(entry["draft_step"])
@@ -284,7 +286,8 @@ def _cached_costs(entry: object) -> CostModel | None:
         return None
     if not table or min(table.values()) <= 0 or step < 0:
         return None
-    return CostModel(table, step, origin=f"cache ({entry.get('origin', 'probe')})")
+    origin = f"cache ({entry.get('origin', 'probe')})"
+    return CostModel(table, step, origin=origin, started_at=measured_at)
 
 
 def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = None) -> str | None:

@@ -56,6 +56,38 @@ def test_measured_decode_costs_go_to_the_tests_own_cache(tiny_models, monkeypatc
     assert (home / "decode-costs.json").is_file()
 
 
+def test_json_shows_the_cost_table_and_the_next_run_starts_from_what_this_one_measured(
+    tiny_models,
+):
+    drafter = str(tiny_models.close_drafter)
+    first = run_json(tiny_models, "one two three four", "--draft", drafter, "-n", "120")
+    costs = first["costs"]
+    assert costs["origin"].startswith("probe")
+    assert set(costs["started"]) == set(costs["now"]) == {"target_decode_ms", "draft_step_ms"}
+    assert sum(costs["observed"].values()) >= 16
+    second = run_json(tiny_models, "one two three four", "--draft", drafter, "-n", "4")
+    assert second["costs"]["origin"] == "cache (learned)"
+    assert second["costs"]["started"] == costs["now"]
+    assert run_json(tiny_models, "the cat", "--no-draft", "-n", "2")["costs"] is None
+
+
+def test_the_cost_line_says_how_far_the_run_moved_each_cost():
+    from specdec_cli.render import costs_summary
+
+    line = costs_summary(
+        {
+            "origin": "cache (probe)",
+            "started": {"target_decode_ms": {"1": 46.0, "2": 180.0}, "draft_step_ms": 20.0},
+            "now": {"target_decode_ms": {"1": 46.2, "2": 60.0}, "draft_step_ms": 21.0},
+            "observed": {"1": 30, "3": 2},
+        }
+    )
+    assert line == (
+        "decode costs, ms by tokens (cache (probe); 32 decodes timed): "
+        "1: 46 · 2: 180→60 · drafter step 20→21"
+    )
+
+
 def test_json_record_is_complete_and_consistent(tiny_models):
     record = run_json(
         tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "--drafter", "fixed",
