@@ -128,6 +128,15 @@ class CostModel:
             self.started_at,
         )
 
+    def absorb(self, other: CostModel) -> None:
+        """Pool another model's timed decodes into this one's (bench: every run's)."""
+        for n, samples in other._observed.items():
+            for seconds in samples:
+                self.observe_verify(n, seconds)
+        self._counts.update({n: c - len(other._observed[n]) for n, c in other._counts.items()})
+        for seconds in other._steps:
+            self.observe_draft_step(seconds)
+
     def healed(self) -> CostModel:
         """What this run learned, as a starting table for the next."""
         return CostModel(self.table(), self.draft_step, self.learn, "learned", self.trusted)

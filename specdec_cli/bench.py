@@ -32,6 +32,7 @@ from .adaptive import (
     NEEDS_DRAFT_MODEL,
     CostModel,
     build_drafter,
+    costs_of,
     default_draft_max,
     measure_pair_costs,
 )
@@ -625,6 +626,9 @@ class BenchReport:
     finished_at: str | None = None
     stopped_by: str | None = None  # "interrupted" or "error: ..." when the run ended early
     exit_code: int = 0
+    # The decode costs measured before the runs, and where the runs' own timed decodes
+    # (pooled) moved them: CostModel.as_dict.
+    costs: dict | None = None
 
     @property
     def sides(self) -> list[str]:
@@ -764,6 +768,7 @@ class BenchReport:
             "method": METHOD,
             "machine": self.machine,
             "models": self.models,
+            "decode_costs": self.costs,
             "summary": {
                 "prompts_planned": len(self.prompts),
                 "prompts_measured": len(self._measured_prompts()),
@@ -908,17 +913,19 @@ def measure(
         models=models or {},
         machine=machine or {},
     )
+    pooled = pair.costs.fresh() if pair.costs is not None else None
     try:
         _warm_up(pair, request, progress)
         total = sum(request.max_tokens_for(p) for p, _, _ in _plan(request))
         progress.stage("measuring", total=total)
         for prompt in request.prompts:
-            _measure_prompt(pair, request, prompt, report, progress)
+            _measure_prompt(pair, request, prompt, report, progress, pooled)
     except KeyboardInterrupt:
         report.stopped_by, report.exit_code = "interrupted", 130
     except SpecdecError as error:
         report.stopped_by, report.exit_code = f"error: {error}", error.exit_code or 1
     report.finished_at = _now()
+    report.costs = pooled.as_dict() if pooled is not None else None
     return report
 
 
@@ -956,7 +963,10 @@ def _measure_prompt(
     prompt: BenchPrompt,
     report: BenchReport,
     progress: BenchProgress,
+    pooled: CostModel | None = None,
 ) -> None:
+    """Every side and repeat of one prompt; the timed decodes of runs that drafted with the
+    main draft model go into `pooled`."""
     tokens = prompt.tokens(pair.target, raw=request.raw, system=request.system)
     check_prompt_fits(tokens, pair.target.n_ctx)
     report.prompt_tokens[prompt.id] = len(tokens)
@@ -975,7 +985,10 @@ def _measure_prompt(
             exact = configuration is not None and request.hardware.exact
             oracle = configuration is not None and configuration.drafter == ORACLE
             answer = _reference_tokens(request, report, prompt.id, repeat) if oracle else []
-            finished = _generate(pair, tokens, base, configuration, progress, exact, answer)
+            finished, costs = _generate(pair, tokens, base, configuration, progress, exact, answer)
+            main_draft = configuration is not None and configuration.draft_model is None
+            if pooled is not None and costs is not None and main_draft:
+                pooled.absorb(costs)
             report.runs.append(
                 RunRecord(
                     prompt.id,
@@ -1024,11 +1037,13 @@ def _generate(
     progress: BenchProgress,
     exact: bool,
     reference: Sequence[int] = (),
-) -> Finished:
-    """One timed run from an empty cache. The target alone is Generation with no drafter:
-    one token per decode, exactly what `specdec run --no-draft` does."""
+) -> tuple[Finished, CostModel | None]:
+    """One timed run from an empty cache, and the costs its drafter learned (adaptive modes).
+    The target alone is Generation with no drafter: one token per decode, exactly what
+    `specdec run --no-draft` does."""
     pair.reset()
     pair.target.exact = exact
+    drafter = None
     if configuration is None:
         generation = Generation(pair.target, prompt, base, drafter=None)
     else:
@@ -1044,7 +1059,7 @@ def _generate(
 
     finished = generation.run(advance)
     progress.advance(max(0, base.max_tokens - emitted))  # a run that stopped early
-    return finished
+    return finished, costs_of(drafter)
 
 
 def _check(

@@ -323,6 +323,8 @@ def summary_lines(report: bench.BenchReport) -> list[str]:
             f"{row.speedup.high:.2f}), {_num(row.alone.tokens_per_second)} → "
             f"{_num(row.speculative.tokens_per_second)} tok/s{same}"
         )
+    if report.costs is not None:  # the table the planners started from, and the runs' own
+        lines.append(render.costs_summary(report.costs))
     if len(suite) > 1:
         best_all = bench.BenchReport.best(suite).get("suite")
         per_category = bench.BenchReport.best(report.category_rows())

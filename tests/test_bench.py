@@ -386,6 +386,10 @@ def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, m
     by_label = {row["configuration"]: row for row in report["summary"]["configurations"]}
     close, unrelated = by_label["fixed k=8"], by_label["fixed k=8 (unrelated_drafter)"]
     assert close["speculative"]["acceptance"] > unrelated["speculative"]["acceptance"]
+    # The table the planners started from, and where the ngram runs' own decodes moved it.
+    costs = report["decode_costs"]
+    assert costs["started"]["target_decode_ms"] and sum(costs["observed"].values()) > 0
+    assert "decode costs, ms by tokens" in result.output
 
 
 def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny_models, tmp_path):
