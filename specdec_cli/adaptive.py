@@ -68,6 +68,7 @@ class CostModel:
     # When this starting table was measured (wall clock; a cache entry's measured_at).
     started_at: float = field(default_factory=time.time)
     _observed: dict[int, deque] = field(default_factory=dict, init=False, repr=False)
+    _medians: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _counts: Counter = field(default_factory=Counter, init=False, repr=False)
     _steps: deque = field(
         default_factory=lambda: deque(maxlen=DRAFT_STEP_WINDOW), init=False, repr=False
@@ -88,14 +89,16 @@ class CostModel:
         prior = _interpolate_table(self.verify_seconds, max(up_to, *sizes, 1))
         if not sizes:
             return prior[:up_to]
-        ratios = [float(np.median(self._observed[n])) / max(prior[n - 1], 1e-9) for n in sizes]
+        ratios = [self._medians[n] / max(prior[n - 1], 1e-9) for n in sizes]
         ratios = np.clip(ratios, *RATIO_LIMITS)
         wanted = np.arange(1, up_to + 1)
         return prior[:up_to] * np.interp(wanted, sizes, ratios)
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
         if self.learn and seconds > 0:
-            self._observed.setdefault(n_tokens, deque(maxlen=COST_WINDOW)).append(seconds)
+            recent = self._observed.setdefault(n_tokens, deque(maxlen=COST_WINDOW))
+            recent.append(seconds)
+            self._medians[n_tokens] = float(np.median(recent))
             self._counts[n_tokens] += 1
             self._dense = None
 
