@@ -4,9 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 LLAMA_CPP_VERSION ?= 0.3.36
 LLAMA_PATCHES := $(wildcard patches/llama.cpp/*.patch)
+NATIVE_SOURCES := $(wildcard native/rowwise/*.c native/rowwise/*.h)
 STAMP := $(VENV)/.specdec-installed
 
-.PHONY: install test test-fast lint bench rebuild-llama clean
+.PHONY: install test test-fast test-native bench-native lint bench rebuild-llama clean
 
 install: $(STAMP)
 
@@ -14,7 +15,7 @@ install: $(STAMP)
 # pinned sdist, applies patches/llama.cpp/*.patch (batch-invariant kernels: exact mode) and
 # builds with CMake flags from build_flags.py that are safe for this CPU (never AMX), unless
 # SPECDEC_CMAKE_ARGS or CMAKE_ARGS says otherwise.
-$(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh $(LLAMA_PATCHES)
+$(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh $(LLAMA_PATCHES) $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
@@ -26,8 +27,16 @@ $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-pyth
 rebuild-llama: install
 	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
 
-test: install
+test: install test-native
 	$(PY) -m pytest -ra
+
+# The row-wise kernels alone (native/rowwise/test_rowwise.c): built once for each instruction set
+# this machine runs, and once without any (where the kernels must decline).
+test-native:
+	$(MAKE) -C native/rowwise test
+
+bench-native:
+	$(MAKE) -C native/rowwise bench
 
 test-fast: install
 	$(PY) -m pytest -ra -m "not slow"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Build and install the pinned llama-cpp-python from its source distribution, with specdec's
+# native kernels (native/rowwise/, copied into ggml's CPU backend as ggml-cpu/specdec/) and
 # llama.cpp patches (patches/llama.cpp/*.patch, applied in name order to vendor/llama.cpp).
 # Usage: scripts/build-llama-cpp-python.sh PYTHON VERSION
 # CMAKE_ARGS comes from specdec_cli/build_flags.py unless SPECDEC_CMAKE_ARGS/CMAKE_ARGS is set.
@@ -16,6 +17,9 @@ command -v patch >/dev/null || { echo "error: 'patch' is needed (apt-get install
     "llama-cpp-python==$version" -d "$work"
 tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 source_dir="$work/llama_cpp_python-$version"
+mkdir -p "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec"
+cp "$root"/native/rowwise/rowwise.h "$root"/native/rowwise/rowwise_x86.c "$root"/native/rowwise/rowwise_ggml.c \
+    "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/"
 for patch_file in "$root"/patches/llama.cpp/*.patch; do
     echo "applying $(basename "$patch_file")"
     patch -p1 --forward --batch --quiet -d "$source_dir/vendor/llama.cpp" <"$patch_file"

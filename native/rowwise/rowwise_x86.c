@@ -1,0 +1,334 @@
+// specdec row-wise K-quant kernels for x86 with AVX2 (FMA, F16C): see rowwise.h for what and why.
+//
+// Shape: for each super-block of weights (8 interleaved Q4_K rows, or one Q6_K row), unpack the
+// 4/6-bit quants, scales and mins once into a small scratch (L1); then for each activation row
+// in turn, multiply-add into that row's own accumulators. Nothing a row computes depends on the
+// other rows, on how many there are, or on which weight rows share its call, so every result is
+// bitwise the same for any batch size and thread split. Integer sums are exact (their order does
+// not matter); the float operations and their order are written down above each kernel.
+//
+// This machine class (AVX2 without VNNI) multiplies u8 x s8 with vpmaddubsw into int16 pairs and
+// applies the int16 sub-block scales with vpmaddwd, which also widens to int32.
+
+#include "rowwise.h"
+
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+// Activation rows handled per pass over the weights: their float accumulators live on the stack.
+#define AROWS_PER_PASS 64
+
+static inline __m256i broadcast_8_bytes(const int8_t * p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi64x(v);
+}
+
+static inline int32_t load_i32(const void * p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float fp16_to_fp32(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+// Sum of the 8 lanes, always in this order: (lanes 0-3 + lanes 4-7), then pairs, then the last two.
+static inline float hsum_fixed(__m256 x) {
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v);
+}
+
+// ---- Q4_K, 8 interleaved weight rows (block_q4_Kx8) x Q8_K ---------------------------------------
+
+// One super-block of 8 weight rows, unpacked: quants as bytes 0..15, scales widened for vpmaddwd.
+typedef struct {
+    __m256i q[16][2][2];  // [chunk c][rows 0-3 | rows 4-7][low | high nibbles]
+    __m256i scales[8][2]; // [sub-block][rows 0-3 | rows 4-7]: int16, each row's scale 4 times
+    __m256i mins[8];      // [sub-block]: int16 pairs (m_r, m_r) for rows r = 0..7
+    __m256 d;             // the 8 rows' d
+    __m256 dmin;          // the 8 rows' dmin
+} q4_Kx8_unpacked;
+
+static void unpack_q4_Kx8_quants(const specdec_block_q4_Kx8 * b, q4_Kx8_unpacked * u) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 16; c++) {
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *) (b->qs + 64 * c + 32 * h));
+            u->q[c][h][0] = _mm256_and_si256(raw, low4);
+            u->q[c][h][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        }
+    }
+}
+
+static void unpack_q4_Kx8_scales(const specdec_block_q4_Kx8 * b, q4_Kx8_unpacked * u) {
+    // 12 bytes per sub-block j: bytes 0-3 scales of rows 0-3 (6 bits) with bits 4-5 of rows 4-7's
+    // scales on top, bytes 4-7 the same for the mins, bytes 8-11 the low 4 bits of rows 4-7's
+    // scale (low nibble) and min (high nibble).
+    const __m128i rows_0_3 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m128i rows_4_7 = _mm_setr_epi8(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+    const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    for (int j = 0; j < 8; j++) {
+        const uint32_t w0 = (uint32_t) load_i32(b->scales + 12 * j);
+        const uint32_t w1 = (uint32_t) load_i32(b->scales + 12 * j + 4);
+        const uint32_t w2 = (uint32_t) load_i32(b->scales + 12 * j + 8);
+        const uint32_t s03 = w0 & 0x3f3f3f3f;
+        const uint32_t m03 = w1 & 0x3f3f3f3f;
+        const uint32_t s47 = (w2 & 0x0f0f0f0f) | ((w0 >> 2) & 0x30303030);
+        const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0f) | ((w1 >> 2) & 0x30303030);
+        const __m128i sm = _mm_setr_epi32((int) s03, (int) s47, (int) m03, (int) m47);
+        u->scales[j][0] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, rows_0_3));
+        u->scales[j][1] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, rows_4_7));
+        u->mins[j] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, min_pairs));
+    }
+    u->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b->d));
+    u->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b->dmin));
+}
+
+// The quants of chunk c of one super-block: rows 0-3 (a) and 4-7 (b), low and high nibbles;
+// from the unpacked scratch, or unpacked from the block itself when `raw` is given (one row:
+// the scratch would be written and read once for nothing).
+typedef struct {
+    __m256i low_a, low_b, high_a, high_b;
+} q4_chunk;
+
+static inline __attribute__((always_inline)) q4_chunk q4_chunk_at(const q4_Kx8_unpacked * u,
+                                                                  const specdec_block_q4_Kx8 * raw, int c) {
+    q4_chunk q;
+    if (raw) {
+        const __m256i low4 = _mm256_set1_epi8(0x0f);
+        const __m256i a = _mm256_loadu_si256((const __m256i *) (raw->qs + 64 * c));
+        const __m256i b = _mm256_loadu_si256((const __m256i *) (raw->qs + 64 * c + 32));
+        q.low_a = _mm256_and_si256(a, low4);
+        q.low_b = _mm256_and_si256(b, low4);
+        q.high_a = _mm256_and_si256(_mm256_srli_epi16(a, 4), low4);
+        q.high_b = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+    } else {
+        q.low_a = u->q[c][0][0];
+        q.low_b = u->q[c][1][0];
+        q.high_a = u->q[c][0][1];
+        q.high_b = u->q[c][1][1];
+    }
+    return q;
+}
+
+// One activation super-block against one weight super-block: the integer sums, lane r for
+// weight row r. sumi = sum_j sc[r][j] * sum_{k in j} q[r][k] * a[k]; summ = sum_j m[r][j] *
+// (sum of a over sub-block j). Exact (at most 4 * 2 * 15 * 127 per int16 lane before widening),
+// so where the quants come from cannot change them.
+static inline __attribute__((always_inline)) void dot_q4_Kx8_block(
+        const q4_Kx8_unpacked * u, const specdec_block_q4_Kx8 * raw, const specdec_block_q8_K * y,
+        __m256i * sumi, __m256i * summ) {
+    __m256i rows_0_3 = _mm256_setzero_si256();  // two int32 lanes per row
+    __m256i rows_4_7 = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+        __m256i low_a = _mm256_setzero_si256(), low_b = _mm256_setzero_si256();
+        __m256i high_a = _mm256_setzero_si256(), high_b = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const int c = 4 * j + k;
+            const __m256i a_low = broadcast_8_bytes(y->qs + 64 * j + 8 * k);
+            const __m256i a_high = broadcast_8_bytes(y->qs + 64 * j + 32 + 8 * k);
+            const q4_chunk q = q4_chunk_at(u, raw, c);
+            low_a = _mm256_add_epi16(low_a, _mm256_maddubs_epi16(q.low_a, a_low));
+            low_b = _mm256_add_epi16(low_b, _mm256_maddubs_epi16(q.low_b, a_low));
+            high_a = _mm256_add_epi16(high_a, _mm256_maddubs_epi16(q.high_a, a_high));
+            high_b = _mm256_add_epi16(high_b, _mm256_maddubs_epi16(q.high_b, a_high));
+        }
+        rows_0_3 = _mm256_add_epi32(rows_0_3, _mm256_madd_epi16(low_a, u->scales[2 * j][0]));
+        rows_0_3 = _mm256_add_epi32(rows_0_3, _mm256_madd_epi16(high_a, u->scales[2 * j + 1][0]));
+        rows_4_7 = _mm256_add_epi32(rows_4_7, _mm256_madd_epi16(low_b, u->scales[2 * j][1]));
+        rows_4_7 = _mm256_add_epi32(rows_4_7, _mm256_madd_epi16(high_b, u->scales[2 * j + 1][1]));
+    }
+    // hadd gives rows 0 1 4 5 2 3 6 7; the permute puts them in order
+    *sumi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(rows_0_3, rows_4_7), 0xD8);
+
+    __m256i mins = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {  // bsums[2j] + bsums[2j+1] is the sum of a over sub-block j
+        const __m256i pair = _mm256_set1_epi32(load_i32(y->bsums + 2 * j));
+        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(u->mins[j], pair));
+    }
+    *summ = mins;
+}
+
+// Float order, per activation row n and weight row r (lane r), over super-blocks i = 0, 1, ...:
+//   acc = fma(d[r] * d_a, float(sumi), acc); acc = acc - (dmin[r] * d_a) * float(summ)  (fnmadd)
+// starting from acc = 0; acc is the result.
+static void q4_Kx8_pass(int64_t nb, const specdec_block_q4_Kx8 * w, const uint8_t * a,
+                        size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+    __m256 acc[AROWS_PER_PASS];
+    q4_Kx8_unpacked u;
+    for (int64_t n = 0; n < n_arows; n++) {
+        acc[n] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const specdec_block_q4_Kx8 * raw = n_arows == 1 ? w + i : NULL;
+        unpack_q4_Kx8_scales(w + i, &u);
+        if (!raw) {
+            unpack_q4_Kx8_quants(w + i, &u);
+        }
+        for (int64_t n = 0; n < n_arows; n++) {
+            const specdec_block_q8_K * y = (const specdec_block_q8_K *) (a + n * a_row_bytes) + i;
+            __m256i sumi, summ;
+            if (raw) {
+                dot_q4_Kx8_block(&u, raw, y, &sumi, &summ);
+            } else {
+                dot_q4_Kx8_block(&u, NULL, y, &sumi, &summ);
+            }
+            const __m256 da = _mm256_set1_ps(y->d);
+            acc[n] = _mm256_fmadd_ps(_mm256_mul_ps(u.d, da), _mm256_cvtepi32_ps(sumi), acc[n]);
+            acc[n] = _mm256_fnmadd_ps(_mm256_mul_ps(u.dmin, da), _mm256_cvtepi32_ps(summ), acc[n]);
+        }
+    }
+    for (int64_t n = 0; n < n_arows; n++) {
+        _mm256_storeu_ps(dst + n * dst_stride, acc[n]);
+    }
+}
+
+bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, int64_t n_wrows,
+                            const void * a, size_t a_row_bytes, int64_t n_arows,
+                            float * dst, size_t dst_stride) {
+    if (n_k % SPECDEC_QK_K != 0 || n_wrows % 8 != 0) {
+        return false;
+    }
+    const int64_t nb = n_k / SPECDEC_QK_K;
+    for (int64_t g = 0; g < n_wrows / 8; g++) {
+        const specdec_block_q4_Kx8 * rows = (const specdec_block_q4_Kx8 *) ((const uint8_t *) w + g * w_group_bytes);
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            q4_Kx8_pass(nb, rows, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                        dst + n0 * dst_stride + 8 * g, dst_stride);
+        }
+    }
+    return true;
+}
+
+// ---- Q6_K, one weight row x Q8_K ----------------------------------------------------------------
+
+typedef struct {
+    __m256i q[8];       // quants 32y..32y+31 as bytes 0..63
+    __m256i scales[8];  // int16: sub-block 2y's scale 8 times, then sub-block 2y+1's
+    __m256i all_scales; // int16: the 16 sub-block scales
+    float d;
+} q6_K_unpacked;
+
+static inline __attribute__((always_inline)) void unpack_q6_K(const specdec_block_q6_K * b, q6_K_unpacked * u) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    const __m256i bits45 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {  // halves of 128 weights: 64 bytes of ql, 32 of qh
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *) (b->qh + 32 * h));
+        // weights 32t + l take ql's low (t = 0, 1) or high (t = 2, 3) nibble and qh's bits 2t, 2t+1
+        u->q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+        u->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+        u->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45));
+        u->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
+    }
+    const __m128i scales = _mm_loadu_si128((const __m128i *) b->scales);
+    for (int y = 0; y < 8; y++) {
+        const __m128i pick = _mm_setr_epi8(2 * y, 2 * y, 2 * y, 2 * y, 2 * y, 2 * y, 2 * y, 2 * y,
+                                           2 * y + 1, 2 * y + 1, 2 * y + 1, 2 * y + 1,
+                                           2 * y + 1, 2 * y + 1, 2 * y + 1, 2 * y + 1);
+        u->scales[y] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+    }
+    u->all_scales = _mm256_cvtepi8_epi16(scales);
+    u->d = fp16_to_fp32(b->d);
+}
+
+// sum_j sc[j] * sum_{k in j} (q[k] - 32) * a[k], as 8 int32 lanes (unordered: exact). The -32 is
+// taken out through the activations' 16-sums: 32 * sum_j sc[j] * bsums[j].
+static inline __attribute__((always_inline)) __m256i dot_q6_K_block(const q6_K_unpacked * u, const specdec_block_q8_K * y) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *) (y->qs + 32 * t));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[t], a), u->scales[t]));
+    }
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *) y->bsums);
+    const __m256i offset = _mm256_madd_epi16(u->all_scales, bsums);
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5));
+}
+
+// Float order, per activation row n and the weight row, over super-blocks i = 0, 1, ...:
+//   acc = fma(broadcast(d * d_a), float(lanes), acc)   (8 lanes, from acc = 0)
+// then the result is hsum_fixed(acc).
+static void q6_K_pass(int64_t nb, const specdec_block_q6_K * w, const uint8_t * a,
+                      size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+    __m256 acc[AROWS_PER_PASS];
+    q6_K_unpacked u;
+    for (int64_t n = 0; n < n_arows; n++) {
+        acc[n] = _mm256_setzero_ps();
+    }
+    if (n_arows == 1) {  // the same operations, with the unpacked block kept in registers
+        for (int64_t i = 0; i < nb; i++) {
+            q6_K_unpacked one;
+            unpack_q6_K(w + i, &one);
+            const specdec_block_q8_K * y = (const specdec_block_q8_K *) a + i;
+            const __m256 scale = _mm256_set1_ps(one.d * y->d);
+            acc[0] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot_q6_K_block(&one, y)), acc[0]);
+        }
+        dst[0] = hsum_fixed(acc[0]);
+        return;
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        unpack_q6_K(w + i, &u);
+        for (int64_t n = 0; n < n_arows; n++) {
+            const specdec_block_q8_K * y = (const specdec_block_q8_K *) (a + n * a_row_bytes) + i;
+            const __m256 scale = _mm256_set1_ps(u.d * y->d);
+            acc[n] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot_q6_K_block(&u, y)), acc[n]);
+        }
+    }
+    for (int64_t n = 0; n < n_arows; n++) {
+        dst[n * dst_stride] = hsum_fixed(acc[n]);
+    }
+}
+
+bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    if (n_k % SPECDEC_QK_K != 0) {
+        return false;
+    }
+    const int64_t nb = n_k / SPECDEC_QK_K;
+    for (int64_t r = 0; r < n_wrows; r++) {
+        const specdec_block_q6_K * row = (const specdec_block_q6_K *) ((const uint8_t *) w + r * w_row_bytes);
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            q6_K_pass(nb, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                      dst + n0 * dst_stride + r, dst_stride);
+        }
+    }
+    return true;
+}
+
+const char * specdec_rowwise_isa(void) {
+    return "avx2";
+}
+
+#else  // no kernel for this instruction set: callers keep llama.cpp's one-row path
+
+bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    (void) n_k; (void) w; (void) w_row_bytes; (void) n_wrows;
+    (void) a; (void) a_row_bytes; (void) n_arows; (void) dst; (void) dst_stride;
+    return false;
+}
+
+bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, int64_t n_wrows,
+                            const void * a, size_t a_row_bytes, int64_t n_arows,
+                            float * dst, size_t dst_stride) {
+    (void) n_k; (void) w; (void) w_group_bytes; (void) n_wrows;
+    (void) a; (void) a_row_bytes; (void) n_arows; (void) dst; (void) dst_stride;
+    return false;
+}
+
+const char * specdec_rowwise_isa(void) {
+    return "none";
+}
+
+#endif
