@@ -1094,6 +1094,7 @@ def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
         "python": platform.python_version(),
         "llama_cpp_python": llama_backend.library_version(),
         "llama_cpp_system_info": llama_backend.system_info(),
+        "rowwise_kernels": llama_backend.rowwise_kernels(),
         "gpu_offload_supported": llama_backend.supports_gpu_offload(),
         "gpu_layers": hardware.gpu_layers,
         "draft_gpu_layers": hardware.draft_gpu_layers,

@@ -73,6 +73,18 @@ def has_invariant_kernels() -> bool:
     return _set_invariant_rows is not None
 
 
+def rowwise_kernels() -> str:
+    """The instruction set of specdec's row-wise K-quant kernels in this build (patch 0002:
+    exact mode verifies Q4_K/Q6_K weights at a fraction of n one-token decodes), "none" where
+    the build has none for this CPU, or "absent" in a build without the patch."""
+    try:
+        isa = llama_cpp.llama_cpp._lib.ggml_cpu_specdec_rowwise_isa
+    except AttributeError:
+        return "absent"
+    isa.argtypes, isa.restype = [], ctypes.c_char_p
+    return isa().decode()
+
+
 def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
@@ -99,6 +111,7 @@ def kernel_signature(exact: bool) -> str:
         parts.append("invariant=none")
     else:
         parts.append(f"invariant=rows<={EXACT_BATCH_ROWS}" if exact else "invariant=off")
+        parts.append(f"rowwise={rowwise_kernels()}")
     return ",".join(parts)
 
 

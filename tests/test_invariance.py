@@ -24,10 +24,12 @@ CONTEXT = "the cat sat on the mat and then it went away " * 3
 CONTINUATION = "the dog ran over the hill and far away " * 8
 
 
-def batch_sizes_that_differ(backend: LlamaBackend, largest: int = LARGEST_BATCH) -> list[int]:
+def batch_sizes_that_differ(
+    backend: LlamaBackend, largest: int = LARGEST_BATCH, continuation: str = CONTINUATION
+) -> list[int]:
     """Batch sizes n whose logits for the first n tokens differ from one-token decodes."""
     context = backend.tokenize(CONTEXT, add_special=True)
-    tokens = backend.tokenize(CONTINUATION, add_special=False)[:largest]
+    tokens = backend.tokenize(continuation, add_special=False)[:largest]
     assert len(tokens) == largest
     backend.truncate(0)
     backend.decode(context, 1)
@@ -57,6 +59,55 @@ def test_default_kernels_are_not_batch_invariant(tiny_models, model):
         assert batch_sizes_that_differ(backend) != []
     finally:
         backend.close()
+
+
+# --- K-quant weights: specdec's row-wise kernels (native/rowwise/, patch 0002) ----------------
+
+EXACT_BATCH_ROWS = llama_backend.EXACT_BATCH_ROWS  # every batch size exact mode may decode
+LONG_CONTINUATION = CONTINUATION * 2
+
+
+def test_this_build_has_the_rowwise_kernels():
+    # on x86 with AVX2 (this project's machines) the K-quant tests below run them; elsewhere
+    # exact mode keeps llama.cpp's one-row kernels, still invariant
+    assert llama_backend.rowwise_kernels() == "avx2"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kquant_logits_are_bitwise_the_same_at_every_batch_size_up_to_64(tiny_models, threads):
+    backend = LlamaBackend(tiny_models.kquant_target, n_ctx=512, n_threads=threads, exact=True)
+    try:
+        assert batch_sizes_that_differ(backend, EXACT_BATCH_ROWS, LONG_CONTINUATION) == []
+    finally:
+        backend.close()
+
+
+def test_kquant_default_kernels_are_not_batch_invariant(tiny_models):
+    backend = LlamaBackend(tiny_models.kquant_target, n_ctx=512, n_threads=2, exact=False)
+    try:
+        assert batch_sizes_that_differ(backend, 16) != []
+    finally:
+        backend.close()
+
+
+def test_kquant_exact_logits_agree_with_llama_cpps_kernels(tiny_models):
+    # Same quantised weights and activations, other kernels: only the float summation order
+    # differs, so the logits agree closely (a misread block layout would not).
+    exact = LlamaBackend(tiny_models.kquant_target, n_ctx=256, n_threads=2, exact=True)
+    fast = LlamaBackend(tiny_models.kquant_target, n_ctx=256, n_threads=2, exact=False)
+    try:
+        context = exact.tokenize(CONTEXT, add_special=True)
+        tokens = exact.tokenize(CONTINUATION, add_special=False)[:8]
+        rows = []
+        for backend in (exact, fast):
+            backend.decode(context, 1)
+            rows.append(np.array(backend.decode(tokens, len(tokens))))
+        scale = float(np.abs(rows[1]).max())
+        assert float(np.abs(rows[0] - rows[1]).max()) <= 1e-3 * scale
+        assert (rows[0].argmax(axis=1) == rows[1].argmax(axis=1)).all()
+    finally:
+        exact.close()
+        fast.close()
 
 
 def test_exact_and_fast_backends_share_one_process(tiny_models):

@@ -10,7 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_invariance import LARGEST_BATCH, batch_sizes_that_differ
+from test_invariance import (
+    EXACT_BATCH_ROWS,
+    LARGEST_BATCH,
+    LONG_CONTINUATION,
+    batch_sizes_that_differ,
+)
 from typer.testing import CliRunner
 
 from specdec_cli.bench import load_prompts
@@ -32,11 +37,18 @@ def paths(shared_model_cache):
     return resolve_model("large").path, resolve_model("small").path
 
 
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast-control"])
-def test_target_logits_do_not_depend_on_the_batch_in_exact_mode(paths, exact):
-    backend = LlamaBackend(paths[0], n_ctx=512, exact=exact)
+@pytest.mark.parametrize(
+    ("exact", "threads"),
+    [(True, 1), (True, 2), (False, 2)],
+    ids=["exact-1", "exact-2", "fast-control"],
+)
+def test_target_logits_do_not_depend_on_the_batch_in_exact_mode(paths, exact, threads):
+    # every batch size exact mode decodes (EXACT_BATCH_ROWS): its Q4_K/Q6_K matrices take the
+    # row-wise kernels (native/rowwise/), the rest llama.cpp's one-row kernels
+    largest = EXACT_BATCH_ROWS if exact else LARGEST_BATCH
+    backend = LlamaBackend(paths[0], n_ctx=512, n_threads=threads, exact=exact)
     try:
-        differ = batch_sizes_that_differ(backend, LARGEST_BATCH)
+        differ = batch_sizes_that_differ(backend, largest, LONG_CONTINUATION)
     finally:
         backend.close()
     assert (differ == []) == exact, f"batch sizes whose logits differ: {differ}"

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 
+import gguf
 import numpy as np
 import pytest
+from kquants import quantize_q4_K, quantize_q6_K
 from tiny_gguf import (
     BOS_ID,
     BYTE_OFFSET,
@@ -19,6 +21,31 @@ from tiny_gguf import (
     build_tiny_models,
     byte_token_id,
 )
+
+
+@pytest.mark.parametrize(
+    ("quantize", "qtype", "rms_error"),
+    [
+        (quantize_q4_K, gguf.GGMLQuantizationType.Q4_K, 0.10),
+        (quantize_q6_K, gguf.GGMLQuantizationType.Q6_K, 0.03),
+    ],
+    ids=["q4_K", "q6_K"],
+)
+def test_kquant_blocks_read_back_as_the_weights(quantize, qtype, rms_error):
+    """gguf-py's reader (ggml's layouts) decodes the test quantisers' blocks to the weights."""
+    weights = np.random.default_rng(5).standard_normal((16, 512)).astype(np.float32)
+    decoded = gguf.quants.dequantize(quantize(weights), qtype)
+    relative = np.sqrt(((decoded - weights) ** 2).mean() / (weights**2).mean())
+    assert relative < rms_error
+
+
+def test_the_kquant_target_mixes_q4_K_and_q6_K(tiny_models):
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tiny_models.kquant_target).tensors}
+    assert types["output.weight"] == "Q6_K"
+    assert types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.ffn_down.weight"] == "Q4_K"
+    assert types["blk.0.attn_q.weight"] == "Q4_K"
+
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

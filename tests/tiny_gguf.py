@@ -2,7 +2,8 @@
 
 Every model is a 2-layer llama (d_model 64, 4 query heads, `n_head_kv` key/value heads,
 FFN 128, context 512, rope) with random F32 (or F16) weights and a small SentencePiece
-("llama") vocabulary:
+("llama") vocabulary; the K-quant target (d_model 256, FFN 512: K-quants take rows of 256)
+has its matrices in Q4_K and Q6_K as a Q4_K_M file mixes them (tests/kquants.py):
 
     id 0            <unk>        UNKNOWN
     id 1            <s>          CONTROL  (bos, added by default)
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from kquants import quantize_q4_K, quantize_q6_K
 
 SPIECE_SPACE = "\u2581"  # "▁"
 
@@ -235,6 +237,7 @@ def write_tiny_llama(
     chat_template: bool | str = True,
     config: TinyConfig = TinyConfig(),
     dtype: type[np.floating] = np.float32,
+    kquants: bool = False,
     name: str = "tiny-llama",
 ) -> Path:
     """Write a tiny llama GGUF to `path` and return it.
@@ -242,7 +245,9 @@ def write_tiny_llama(
     Weights come from `seed`; with `perturb_from=S` they are model S's weights plus
     Gaussian noise (`noise` times each tensor's std, drawn from `seed`). Norm weights are
     perturbed too. `chat_template` is True (ChatML-like), False (none) or a template string.
-    `dtype` is np.float32 or np.float16 for the matrices (norms stay F32).
+    `dtype` is np.float32 or np.float16 for the matrices (norms stay F32); `kquants` writes
+    them as a Q4_K_M file does instead: Q6_K for the output matrix and the last layer's
+    ffn_down, Q4_K for the others (the token embeddings stay F32).
     """
     path = Path(path)
     n_vocab = len(vocab)
@@ -271,9 +276,12 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(config.n_embd // config.n_head)
     writer.add_rope_freq_base(config.rope_freq_base)
     writer.add_vocab_size(n_vocab)
-    writer.add_file_type(
-        gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16 else gguf.LlamaFileType.ALL_F32
-    )
+    if kquants:
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    else:
+        writer.add_file_type(
+            gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16 else gguf.LlamaFileType.ALL_F32
+        )
 
     writer.add_tokenizer_model("llama")
     writer.add_token_list(list(vocab.tokens))
@@ -287,7 +295,14 @@ def write_tiny_llama(
     if chat_template:
         writer.add_chat_template(CHATML_TEMPLATE if chat_template is True else chat_template)
 
+    six_bit = ("output.weight", f"blk.{config.n_layer - 1}.ffn_down.weight")
     for tname, arr in weights.items():
+        if kquants and arr.ndim > 1 and tname != "token_embd.weight":
+            q6 = tname in six_bit
+            blocks = quantize_q6_K(arr) if q6 else quantize_q4_K(arr)
+            qtype = gguf.GGMLQuantizationType.Q6_K if q6 else gguf.GGMLQuantizationType.Q4_K
+            writer.add_tensor(tname, blocks, raw_dtype=qtype)
+            continue
         if arr.ndim > 1:
             arr = arr.astype(dtype)
         writer.add_tensor(tname, np.ascontiguousarray(arr))
@@ -315,6 +330,7 @@ class TinyModels:
     gqa_drafter: Path  # other seed, n_head_kv 2, F16 weights, same vocabulary
     soft_target: Path  # the target's weights with logit_scale 4: flatter distributions
     soft_drafter: Path  # the close drafter's weights with logit_scale 4
+    kquant_target: Path  # other seed, d_model 256, FFN 512, Q4_K and Q6_K matrices
 
 
 def build_tiny_models(directory: str | Path) -> TinyModels:
@@ -371,6 +387,22 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         chat_template=False,
         name="tiny-soft-drafter",
     )
+    kquant_target = write_tiny_llama(
+        d / "kquant_target.gguf",
+        seed=29,
+        config=TinyConfig(n_embd=256, n_ff=512),
+        kquants=True,
+        name="tiny-kquant-target",
+    )
     return TinyModels(
-        target, close, unrelated, incompatible, oversized, padded, gqa, soft_target, soft_drafter
+        target,
+        close,
+        unrelated,
+        incompatible,
+        oversized,
+        padded,
+        gqa,
+        soft_target,
+        soft_drafter,
+        kquant_target,
     )

@@ -7,6 +7,10 @@
 // bitwise the same for any batch size and thread split. Integer sums are exact (their order does
 // not matter); the float operations and their order are written down above each kernel.
 //
+// Every float operation is an explicit intrinsic with no multiply feeding an add, so a compiler's
+// contraction of a*b+c into an FMA (GCC's default, -ffp-contract=fast) cannot make the unrolled
+// or specialised copies of a loop round differently; keep it so when editing.
+//
 // This machine class (AVX2 without VNNI) multiplies u8 x s8 with vpmaddubsw into int16 pairs and
 // applies the int16 sub-block scales with vpmaddwd, which also widens to int32.
 
