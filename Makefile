@@ -13,8 +13,8 @@ install: $(STAMP)
 
 # llama-cpp-python compiles llama.cpp from source: scripts/build-llama-cpp-python.sh fetches the
 # pinned sdist, applies patches/llama.cpp/*.patch (batch-invariant kernels: exact mode) and
-# builds with CMake flags from build_flags.py that are safe for this CPU (never AMX), unless
-# SPECDEC_CMAKE_ARGS or CMAKE_ARGS says otherwise.
+# builds with CMake flags from build_flags.py that are safe for this CPU (never AMX), plus
+# SPECDEC_CMAKE_ARGS; CMAKE_ARGS replaces the computed flags.
 $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh $(LLAMA_PATCHES) $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

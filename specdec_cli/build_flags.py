@@ -3,8 +3,11 @@
 Runs standalone (no imports from the package): the Makefile calls it before specdec's
 dependencies exist. A native x86 build (-march=native) turns on AMX on CPUs that have it,
 and llama.cpp's AMX path crashes on the first decode on some of them, so on x86 Linux we
-list the instruction sets ourselves and leave AMX off. SPECDEC_CMAKE_ARGS, or CMAKE_ARGS,
-replaces the choice entirely (e.g. "-DGGML_CUDA=on").
+list the instruction sets ourselves and leave AMX off.
+
+SPECDEC_CMAKE_ARGS adds to these flags (e.g. "-DGGML_CUDA=on" keeps the AMX guard); it comes
+last, so where it sets an option again CMake takes its value. CMAKE_ARGS replaces the computed
+flags entirely (SPECDEC_CMAKE_ARGS is still added after it).
 """
 
 from __future__ import annotations
@@ -46,13 +49,17 @@ def x86_args(flags: set[str]) -> list[str]:
     return args
 
 
-def cmake_args(environ: dict[str, str], machine: str, system: str, cpuinfo: str) -> str:
-    for variable in ("SPECDEC_CMAKE_ARGS", "CMAKE_ARGS"):
-        if environ.get(variable, "").strip():
-            return environ[variable].strip()
+def computed_args(machine: str, system: str, cpuinfo: str) -> list[str]:
     if system == "Linux" and machine in ("x86_64", "AMD64"):
-        return " ".join([*COMMON, *x86_args(cpu_flags(cpuinfo))])
-    return " ".join(COMMON)  # macOS builds Metal by default; ARM native builds are fine
+        return [*COMMON, *x86_args(cpu_flags(cpuinfo))]
+    return list(COMMON)  # macOS builds Metal by default; ARM native builds are fine
+
+
+def cmake_args(environ: dict[str, str], machine: str, system: str, cpuinfo: str) -> str:
+    replacement = environ.get("CMAKE_ARGS", "").strip()
+    base = [replacement] if replacement else computed_args(machine, system, cpuinfo)
+    extra = environ.get("SPECDEC_CMAKE_ARGS", "").strip()
+    return " ".join([*base, extra] if extra else base)
 
 
 def main() -> None:
