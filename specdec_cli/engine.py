@@ -107,6 +107,8 @@ class GenerationStats:
     draft_sources: Counter = field(default_factory=Counter)
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # The end-of-generation token that ended an answer: a pass chose it, the text omits it.
+    end_tokens: int = 0
 
     @property
     def acceptance(self) -> float:
@@ -114,7 +116,10 @@ class GenerationStats:
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.generated / self.target_passes if self.target_passes else 0.0
+        """Tokens the target decided per pass, the end-of-generation token included: the
+        target alone makes exactly 1.0, whether its answer ends at EOS or at --max-tokens."""
+        decided = self.generated + self.end_tokens
+        return decided / self.target_passes if self.target_passes else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -146,6 +151,7 @@ class GenerationStats:
         self.draft_sources.update(other.draft_sources)
         self.accepted_prediction_tokens += other.accepted_prediction_tokens
         self.rejected_prediction_tokens += other.rejected_prediction_tokens
+        self.end_tokens += other.end_tokens
 
     def as_dict(self) -> dict:
         return {
@@ -371,6 +377,7 @@ class Generation:
         if self.stats.first_token_seconds is None:
             self.stats.first_token_seconds = time.perf_counter() - start
         if self.target.is_end_of_generation(token):
+            self.stats.end_tokens += 1
             return Piece(token, kind, ""), FinishReason.STOP
         self.tokens.append(token)
         self.stats.generated = len(self.tokens)

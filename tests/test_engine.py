@@ -68,7 +68,8 @@ def check_stats(events, done: Finished) -> None:
     assert s.accepted == sum(r.accepted for r in rounds(events))
     assert all(0 <= r.accepted <= r.drafted for r in rounds(events))
     assert s.accepted <= s.drafted
-    assert s.tokens_per_pass == pytest.approx(s.generated / s.target_passes)
+    assert s.end_tokens == (done.finish_reason == FinishReason.STOP)
+    assert s.tokens_per_pass == pytest.approx((s.generated + s.end_tokens) / s.target_passes)
     assert "".join(p.text for p in pieces(events)) == done.text
 
 
@@ -171,6 +172,16 @@ def test_eos_drafted_by_a_drafter_that_stops_at_it():
     assert drafter.drafts[0].tokens == [4, EOS]
     assert done.tokens == [3, 4] and done.finish_reason == "stop"
     assert done.stats.target_passes == 2
+    assert done.stats.tokens_per_pass == 1.5  # 3, then 4 and EOS in one pass
+
+
+def test_the_target_alone_makes_one_token_per_pass_when_it_ends_at_eos():
+    """The pass that chooses EOS counts: 3, 4, EOS takes three passes, 1.0 (not 2/3) a pass."""
+    target = FakeBackend(sequence_model(SCRIPT, len(PROMPT), 10), 10, end_of_generation={EOS})
+    events, done = run(target, GenerationSettings(sampling=GREEDY))
+    assert done.tokens == [3, 4] and done.stats.target_passes == 3
+    assert done.stats.tokens_per_pass == 1.0
+    check_stats(events, done)
 
 
 def test_eos_as_the_targets_correction():
@@ -514,11 +525,13 @@ def test_merged_stats_add_up_and_keep_the_first_generations_own_numbers():
     target = table_target()
     settings = GenerationSettings(max_tokens=12, draft_max=3, sampling=GREEDY)
     one = run(target, settings, model_drafter(target, negated(target.logits_fn)))[1].stats
-    two = run(target, settings, FixedDrafter([4, 5, 6]))[1].stats
+    ends = FakeBackend(sequence_model(SCRIPT, len(PROMPT), 10), 10, end_of_generation={EOS})
+    two = run(ends, GenerationSettings(draft_max=3, sampling=GREEDY), FixedDrafter([4]))[1].stats
+    assert (one.end_tokens, two.end_tokens) == (0, 1)  # one stops at max_tokens, two at EOS
     total = GenerationStats(prompt_tokens=7)
     total.merge(one)
     total.merge(two)
-    for name in ("generated", "drafted", "accepted", "target_passes", "seconds"):
+    for name in ("generated", "drafted", "accepted", "target_passes", "seconds", "end_tokens"):
         assert getattr(total, name) == pytest.approx(getattr(one, name) + getattr(two, name))
     assert total.draft_lengths == one.draft_lengths + two.draft_lengths
     assert total.draft_sources == one.draft_sources + two.draft_sources
