@@ -99,6 +99,16 @@ class RequestLog:
         self._stream.write(line + "\n")
         self._stream.flush()
 
+    def notice(self, message: str) -> None:
+        """A line about the server rather than one request (JSON: {"time", "notice"})."""
+        if self._json:
+            fields = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "notice": message}
+            line = json.dumps(fields, ensure_ascii=False)
+        else:
+            line = f"{time.strftime('%H:%M:%S')} note: {message}"
+        self._stream.write(line + "\n")
+        self._stream.flush()
+
 
 def print_network_warning(console: Console, host: str, has_key: bool) -> None:
     if has_key:

@@ -85,6 +85,7 @@ class ServerState:
         self.api_key = api_key
         self.log = log
         self._draining: set[asyncio.Task] = set()
+        self._noted_another_name = False
 
     def authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -105,7 +106,20 @@ class ServerState:
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
+    def note_model_name(self, name: str | None) -> None:
+        """A completion request may name any model, as with llama-server: clients are often
+        configured with another server's name. The response's `model` says which answered;
+        the log says so once, for the first other name."""
+        if name is None or name in self.model_names or self._noted_another_name:
+            return
+        self._noted_another_name = True
+        self.log.notice(
+            f"a request names the model `{name}`: `{self.model_id}` answers it, and requests "
+            "naming any other model too (not noted again)"
+        )
+
     def check_model(self, name: str | None) -> None:
+        """GET /v1/models/NAME: only this server's own model exists."""
         if name is not None and name not in self.model_names:
             raise ApiError(
                 404,
@@ -246,7 +260,7 @@ async def _complete(
         state.authorize(request)
         parsed = parse_request(await _read_body(request), request_type)
         record.stream = parsed.stream
-        state.check_model(parsed.model)
+        state.note_model_name(parsed.model)
         loop = asyncio.get_running_loop()
         job = Job(make_prompt(parsed), state.settings_for(parsed), parsed.prediction_text(), loop)
         state.worker.submit(job)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
-from specdec_cli.render_serve import RequestRecord, request_line
+from specdec_cli.render_serve import RequestLog, RequestRecord, request_line
 from specdec_cli.sampling import SamplingSettings
 from specdec_cli.serve_protocol import ApiError, ChatRequest, CompletionRequest, parse_request
 from specdec_cli.server import ServerState
@@ -129,6 +130,30 @@ def test_model_names():
     with pytest.raises(ApiError) as error:
         state.check_model("gpt-4o")
     assert error.value.status == 404 and error.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize("json_lines", [False, True], ids=["text", "json"])
+def test_another_model_name_is_answered_and_noted_once(json_lines):
+    decode = DecodeRequest(
+        target=Path("m.gguf"),
+        draft=None,
+        drafter_mode="none",
+        system=None,
+        sampling=SamplingSettings(),
+        seed=None,
+        max_tokens=8,
+        stop=(),
+        draft_max=8,
+        hardware=HardwareOptions(),
+    )
+    stream = io.StringIO()
+    state = ServerState(None, decode, log=RequestLog(stream, json_lines=json_lines))
+    for name in (None, "m", "m.gguf", "gpt-4o", "claude", "gpt-4o"):
+        state.note_model_name(name)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    notice = json.loads(lines[0])["notice"] if json_lines else lines[0]
+    assert "the model `gpt-4o`: `m` answers it" in notice
 
 
 def test_the_text_log_line():
