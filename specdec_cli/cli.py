@@ -21,6 +21,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="Exact speculative decoding for local GGUF models on llama.cpp.",
+    # Click's plain help: name and description, the text wrapped in what is left of the
+    # terminal. Rich's panels add a type column and left serve's help a 20-column text at 80.
+    rich_markup_mode=None,
 )
 
 EXIT_INTERRUPTED = 130

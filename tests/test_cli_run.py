@@ -90,8 +90,14 @@ def test_the_cost_line_says_how_far_the_run_moved_each_cost():
 
 def test_json_record_is_complete_and_consistent(tiny_models):
     record = run_json(
-        tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "--drafter", "fixed",
-        "-n", "40",
+        tiny_models,
+        "the cat",
+        "--draft",
+        str(tiny_models.close_drafter),
+        "--drafter",
+        "fixed",
+        "-n",
+        "40",
     )
     stats = record["stats"]
     assert set(record) >= {"text", "tokens", "finish_reason", "stats", "settings"}
@@ -158,6 +164,21 @@ def test_no_prompt_is_bad_usage(tiny_models):
     result = invoke(["run", "--target", str(tiny_models.target), "--no-draft"])
     assert result.exit_code == 2
     assert "no prompt" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "bench"])
+def test_help_is_readable_at_80_columns(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(app, [command, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    options = [line for line in lines if line.lstrip().startswith("-")]
+    assert len(options) > 10, result.output
+    for line in options:
+        name, gap, text = line.strip().partition("  ")
+        if text:  # on the option's own line, the description starts in the first 32 columns
+            assert line.index(text.lstrip()) <= 32, line
 
 
 def test_unknown_option_is_bad_usage():
