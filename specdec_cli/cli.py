@@ -13,7 +13,7 @@ import typer
 
 from . import render
 from .engine import SamplingRule
-from .errors import BadUsageError, SpecdecError
+from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .sampling import SamplingSettings
 from .session import DecodeRequest, HardwareOptions
 
@@ -26,7 +26,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader left
 
 # Options shared by run, chat and bench.

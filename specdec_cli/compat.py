@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from .backend import Backend, VocabInfo
 from .errors import IncompatibleModelsError
+from .gguf_meta import FIRST_COMPARED_TOKEN
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
-FIRST_CHECKED_TOKEN = 5  # ids below are control tokens that families renumber freely
 
 _FIX = (
     "Pick a drafter of the same model family (`specdec models` shows which fit), or pass --force."
@@ -32,7 +32,7 @@ def check_compatible(target: Backend, drafter: Backend) -> None:
             f"(at most {MAX_VOCAB_SIZE_DIFFERENCE} apart).",
             _FIX,
         )
-    for token in range(FIRST_CHECKED_TOKEN, min(t.n_vocab, d.n_vocab)):
+    for token in range(FIRST_COMPARED_TOKEN, min(t.n_vocab, d.n_vocab)):
         target_text, drafter_text = target.token_text(token), drafter.token_text(token)
         if target_text != drafter_text:
             raise IncompatibleModelsError(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C (run, bench).
+EXIT_INTERRUPTED = 130
+
 
 class SpecdecError(Exception):
     """A problem with the user's input or environment, shown as one line."""

@@ -19,6 +19,7 @@ from specdec_cli.json_cache import read_json_cache, write_json_cache
 GGUF_MAGIC = b"GGUF"
 # llama.cpp compares drafter and target vocabularies from this token id on (the first few
 # ids are special tokens that fine-tunes sometimes rename without changing the tokenizer).
+# compat.check_compatible (loaded models) and the fingerprint below (files) both use it.
 FIRST_COMPARED_TOKEN = 5
 
 # GGUF value types -> struct format of one scalar. 8 (string) and 9 (array) are variable-size.

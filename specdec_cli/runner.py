@@ -10,6 +10,7 @@ from . import render
 from .adaptive import CostModel, costs_of
 from .comparison import Comparison, compare_outputs
 from .engine import Finished, Generation
+from .errors import EXIT_INTERRUPTED
 from .session import (
     DecodeRequest,
     ModelPair,
@@ -23,7 +24,6 @@ from .session import (
 )
 
 EXIT_OK = 0
-EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
