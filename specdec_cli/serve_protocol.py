@@ -160,7 +160,7 @@ class _Sampling(_Strict):
         self.stop_strings()
 
 
-class ChatRequest(_Sampling):
+class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None

@@ -32,7 +32,7 @@ from .render_serve import RequestLog, RequestRecord
 from .serve_protocol import (
     Answer,
     ApiError,
-    ChatRequest,
+    ChatCompletionRequest,
     ChatShape,
     CompletionRequest,
     ResponseIds,
@@ -128,7 +128,9 @@ class ServerState:
                 code="model_not_found",
             )
 
-    def settings_for(self, request: ChatRequest | CompletionRequest) -> GenerationSettings:
+    def settings_for(
+        self, request: ChatCompletionRequest | CompletionRequest
+    ) -> GenerationSettings:
         """The server's defaults (its command line), overridden by what the request sets."""
         given = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
         base = self.defaults
@@ -164,7 +166,9 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
 
     async def chat_completions(request: Request) -> Response:
-        return await _complete(request, state, ChatRequest, ChatShape(), _chat_prompt(state))
+        return await _complete(
+            request, state, ChatCompletionRequest, ChatShape(), _chat_prompt(state)
+        )
 
     async def completions(request: Request) -> Response:
         return await _complete(request, state, CompletionRequest, TextShape(), _text_prompt)
@@ -223,7 +227,7 @@ def _card(state: ServerState) -> dict:
     return model_card(state.model_id, state.created)
 
 
-def _chat_prompt(state: ServerState) -> Callable[[ChatRequest], ChatPrompt]:
+def _chat_prompt(state: ServerState) -> Callable[[ChatCompletionRequest], ChatPrompt]:
     return lambda request: ChatPrompt(request.chat_messages(state.decode.system))
 
 
@@ -251,7 +255,7 @@ def _failed(state: ServerState, record: RequestRecord, error: ApiError) -> Respo
 async def _complete(
     request: Request,
     state: ServerState,
-    request_type: type[ChatRequest] | type[CompletionRequest],
+    request_type: type[ChatCompletionRequest] | type[CompletionRequest],
     shape: ChatShape | TextShape,
     make_prompt: Callable[..., ChatPrompt | TextPrompt],
 ) -> Response:

@@ -10,15 +10,20 @@ import pytest
 
 from specdec_cli.render_serve import RequestLog, RequestRecord, request_line
 from specdec_cli.sampling import SamplingSettings
-from specdec_cli.serve_protocol import ApiError, ChatRequest, CompletionRequest, parse_request
+from specdec_cli.serve_protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 from specdec_cli.server import ServerState
 from specdec_cli.session import DecodeRequest, HardwareOptions
 
 USER = [{"role": "user", "content": "hi"}]
 
 
-def chat(**fields) -> ChatRequest:
-    return parse_request(json.dumps({"messages": USER, **fields}).encode(), ChatRequest)
+def chat(**fields) -> ChatCompletionRequest:
+    return parse_request(json.dumps({"messages": USER, **fields}).encode(), ChatCompletionRequest)
 
 
 def refused(**fields) -> ApiError:
