@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from specdec_cli.errors import ChecksumError, FetchError, IncompatibleModelsError, ModelFileError
-from specdec_cli.gguf_meta import FingerprintCache, read_gguf_info
-from specdec_cli.registry import (
+from .errors import ChecksumError, FetchError, IncompatibleModelsError, ModelFileError
+from .gguf_meta import FingerprintCache, read_gguf_info
+from .registry import (
     HubSource,
     ModelEntry,
     PathSource,

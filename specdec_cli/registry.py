@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from specdec_cli.errors import RegistryError
+from .errors import RegistryError
 
 ROLES = ("drafter", "target")
 _REQUIRED = ("family", "sources")

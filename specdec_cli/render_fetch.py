@@ -19,7 +19,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.fetch import ModelStatus, ResolvedModel
+from .fetch import ModelStatus, ResolvedModel
 
 
 class RichFetchProgress:
