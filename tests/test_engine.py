@@ -17,6 +17,7 @@ from fakes import (
     sequence_model,
     table_model,
 )
+from surface import protocol_members, surface_differences
 
 from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
 from specdec_cli.backend import Backend, common_prefix_length
@@ -438,10 +439,17 @@ def test_stats_dict_is_consistent():
 
 
 def test_the_fakes_have_the_protocols_surface():
+    # the comparison sees the protocols' members, methods, attributes and properties alike
+    assert {"decode", "truncate", "n_ctx", "cached", "path"} <= set(protocol_members(Backend))
+    assert set(protocol_members(Drafter)) == {"propose", "observe", "begin"}
     target = table_target()
-    assert isinstance(target, Backend)
-    for drafter in (FixedDrafter([1]), RecordingDrafter(model_drafter(target))):
-        assert isinstance(drafter, Drafter)
+    assert surface_differences(target, Backend) == []
+    for drafter in (
+        FixedDrafter([1]),
+        RecordingDrafter(model_drafter(target)),
+        model_drafter(target),
+    ):
+        assert surface_differences(drafter, Drafter) == []
 
 
 def test_fake_backend_refuses_to_overflow():
