@@ -12,7 +12,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import huggingface_hub.constants
 import pytest
 from model_files import VOCAB_A, write_gguf
 
@@ -31,6 +30,7 @@ class FakeHub(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), HubHandler)
         self.files = files  # "repo/filename" -> content
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range
+        self.authorizations: list[str | None] = []  # each request's Authorization header
         self.drop_next_get_after: int | None = None
 
     @property
@@ -53,6 +53,7 @@ class HubHandler(BaseHTTPRequestHandler):
 
     def _answer(self, send_body: bool) -> None:
         self.server.requests.append((self.command, self.path, self.headers.get("Range")))
+        self.server.authorizations.append(self.headers.get("Authorization"))
         content = self._lookup()
         if content is None:
             self.send_response(404)
@@ -104,10 +105,19 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     servers: list[FakeHub] = []
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import; whatever the environment was then,
-    # these tests start online (specdec itself reads the variable at call time).
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    # huggingface_hub reads its environment once, at import (HF_HOME, the token file's path,
+    # HF_HUB_OFFLINE): import it only now, under this test's caches, and pin what it read,
+    # whoever imported it first: these tests start online (specdec reads HF_HUB_OFFLINE at
+    # call time) and never see the user's token.
+    import huggingface_hub.constants as hub_constants
+
+    for name in ("HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr(
+        hub_constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens")
+    )
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
 
     def start(content: bytes) -> FakeHub:
@@ -170,14 +180,17 @@ def test_clean_download_lands_in_the_hub_cache(tmp_path, hub_env, tiny_bytes):
     hub = hub_env(tiny_bytes)
     progress = CountingProgress()
 
-    model = resolve_model("tiny", models_file=registry_file(tmp_path, tiny_bytes),
-                          progress=progress)
+    model = resolve_model(
+        "tiny", models_file=registry_file(tmp_path, tiny_bytes), progress=progress
+    )
 
     assert model.path.read_bytes() == tiny_bytes
     assert (tmp_path / "hub-cache") in model.path.parents
     assert f"snapshots/{COMMIT}" in model.path.as_posix()
     assert progress.bytes == len(tiny_bytes)
     assert ("GET", f"/{REPO}/resolve/main/{FILE}", None) in hub.requests
+    # whatever token the user has (HF_TOKEN, their token file) stays out of the tests
+    assert hub.authorizations and not any(hub.authorizations)
 
 
 def test_second_resolve_uses_the_cache_without_network(tmp_path, hub_env, tiny_bytes):
@@ -239,8 +252,9 @@ def test_offline_without_a_cached_file_says_so(tmp_path, hub_env, tiny_bytes, mo
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
     with pytest.raises(FetchError, match="not downloaded and offline"):
-        resolve_model("tiny", models_file=registry_file(tmp_path, tiny_bytes),
-                      offline=how == "flag")
+        resolve_model(
+            "tiny", models_file=registry_file(tmp_path, tiny_bytes), offline=how == "flag"
+        )
 
     assert hub.requests == []
     assert blobs(tmp_path) == []
