@@ -1,4 +1,4 @@
-# specdec: `make install`, `make test`, `make lint`, `make bench`.
+# specdec: `make run`, `make install`, `make test`, `make lint`, `make bench`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,11 @@ LLAMA_PATCHES := $(wildcard patches/llama.cpp/*.patch)
 NATIVE_SOURCES := $(wildcard native/rowwise/*.c native/rowwise/*.h)
 STAMP := $(VENV)/.specdec-installed
 
-.PHONY: install test test-fast test-native bench-native lint bench rebuild-llama clean
+# make run's prompt: `make run PROMPT="..."` or `PROMPT="..." make run`.
+PROMPT ?= Write a Python function that reverses a linked list.
+export PROMPT
+
+.PHONY: run install test test-fast test-native bench-native lint bench rebuild-llama clean
 
 install: $(STAMP)
 
@@ -22,6 +26,11 @@ $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-pyth
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -c "from specdec_cli import llama_backend as b; assert b.has_invariant_kernels(), 'llama.cpp built without specdec patches'; print('llama-cpp-python', b.library_version(), 'ready, batch-invariant kernels: yes')"
 	touch $(STAMP)
+
+# The main job on the default pair, installing first whatever is missing. The prompt travels
+# in the environment, so quotes in it need no escaping; stdin is not read.
+run: install
+	$(VENV)/bin/specdec run --draft small --target large -- "$$PROMPT" </dev/null
 
 # Rebuild llama.cpp after changing flags (e.g. SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on").
 rebuild-llama: install
