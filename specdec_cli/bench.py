@@ -629,6 +629,9 @@ class BenchReport:
     # The decode costs measured before the runs, and where the runs' own timed decodes
     # (pooled) moved them: CostModel.as_dict.
     costs: dict | None = None
+    # In exact mode, the target's decode costs with llama.cpp's own kernels too, measured
+    # alongside: why drafts pay in one mode and not the other (CostModel.as_dict).
+    costs_fast: dict | None = None
 
     @property
     def sides(self) -> list[str]:
@@ -769,6 +772,7 @@ class BenchReport:
             "machine": self.machine,
             "models": self.models,
             "decode_costs": self.costs,
+            "decode_costs_fast_kernels": self.costs_fast,
             "summary": {
                 "prompts_planned": len(self.prompts),
                 "prompts_measured": len(self._measured_prompts()),
@@ -872,6 +876,7 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         pair.alternates[name] = (drafter, None)
     progress.stage("timing decodes")
     pair.costs = measure_pair_costs(pair.target, pair.drafter)
+    costs_fast = _fast_kernel_costs(pair) if pair.target.exact else None
     for name, (drafter, _) in pair.alternates.items():
         pair.alternates[name] = (drafter, measure_pair_costs(pair.target, drafter))
     for configuration in request.configurations:
@@ -883,7 +888,18 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
     for name, path in request.extra_drafts.items():
         models[f"draft:{name}"] = model_record(pair.alternates[name][0], path)
     machine = machine_info(request.hardware, pair.target.n_ctx)
-    return measure(pair, request, progress, models=models, machine=machine)
+    report = measure(pair, request, progress, models=models, machine=machine)
+    report.costs_fast = costs_fast
+    return report
+
+
+def _fast_kernel_costs(pair: ModelPair) -> dict:
+    """The target's decode costs with llama.cpp's own kernels (a probe, not used to plan)."""
+    pair.target.exact = False
+    try:
+        return measure_pair_costs(pair.target, None).as_dict()
+    finally:
+        pair.target.exact = True
 
 
 def _context_needed(target: Backend, request: BenchRequest) -> int:

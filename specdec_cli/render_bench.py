@@ -325,6 +325,8 @@ def summary_lines(report: bench.BenchReport) -> list[str]:
         )
     if report.costs is not None:  # the table the planners started from, and the runs' own
         lines.append(render.costs_summary(report.costs))
+    if report.costs_fast is not None:  # exact mode: the same probe with llama.cpp's kernels
+        lines.append("llama.cpp's kernels: " + render.costs_summary(report.costs_fast))
     if len(suite) > 1:
         best_all = bench.BenchReport.best(suite).get("suite")
         per_category = bench.BenchReport.best(report.category_rows())

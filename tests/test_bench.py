@@ -390,6 +390,20 @@ def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, m
     costs = report["decode_costs"]
     assert costs["started"]["target_decode_ms"] and sum(costs["observed"].values()) > 0
     assert "decode costs, ms by tokens" in result.output
+    assert report["decode_costs_fast_kernels"] is None  # --fast: one kind of kernel only
+
+
+def test_an_exact_bench_shows_the_decode_costs_of_both_kernels(tiny_models, tmp_path):
+    prompts = write(tmp_path, "prompts.yaml", PROMPTS_YAML)
+    out = tmp_path / "bench.json"
+    args = bench_args(tiny_models, prompts, "--drafter", "ngram", "--per-category", "1")
+    args[args.index("--fast")] = "--exact"
+    result = runner.invoke(app(), [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    exact, fast = report["decode_costs"], report["decode_costs_fast_kernels"]
+    assert set(fast["started"]["target_decode_ms"]) == set(exact["started"]["target_decode_ms"])
+    assert "llama.cpp's kernels: decode costs, ms by tokens" in result.output
 
 
 def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny_models, tmp_path):
