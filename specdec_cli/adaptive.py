@@ -453,7 +453,7 @@ class AdaptiveDrafter:
     margin: float = 1.02  # a plan must beat the target alone by this much
     model_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     ngram_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
-    cost_probes: ProbeSchedule = field(default_factory=lambda: ProbeSchedule(first=16))
+    cost_probes: ProbeSchedule = field(default_factory=lambda: ProbeSchedule(first=8))
     prediction: PredictionIndex | None = None  # this answer's Predicted Outputs, if any
     prompt_length: int = 0
     _exploring: tuple[int, float] | None = field(default=None, init=False, repr=False)

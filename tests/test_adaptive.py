@@ -329,7 +329,7 @@ def test_a_poisoned_table_heals_within_one_answer(clock, mode):
     assert poisoned.tokens == quiet.tokens
     # Drafting resumes within a bounded number of rounds.
     first_long = next(i for i, r in enumerate(rounds) if r.drafted >= 4)
-    assert first_long <= 24
+    assert first_long <= 16
     assert poisoned.stats.tokens_per_second >= 0.9 * quiet.stats.tokens_per_second
     # What the next run would start from is the quiet table, to within 20%.
     for n, seconds in costs.healed().verify_seconds.items():
