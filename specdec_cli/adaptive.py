@@ -33,6 +33,7 @@ from .drafters import (
     NgramMatch,
     Outcome,
     PredictionIndex,
+    ngram_draft,
 )
 from .sampling import SamplingSettings, TokenChooser
 
@@ -432,10 +433,13 @@ CATCH_UP_COST = 0.4  # shorter matches are mostly chance, in prose and code alik
 # Decode sizes the planner tries now and then even where the cost table calls them too
 # dear, so a table that overprices them (probed on a busy machine) is corrected instead of
 # locking drafting off. A try drafts n - 1 tokens from the best source at hand: the
-# prediction, an n-gram match of at least MIN_PROBE_MATCH tokens, or the draft model (at
-# most MODEL_EXPLORE_TOKENS, each a drafter step). The least measured size goes first.
+# prediction or an n-gram match of at least MIN_PROBE_MATCH tokens; failing those, when
+# there is a draft model, a filler of the text's own last tokens (at most
+# FILLER_EXPLORE_TOKENS): the try is there to time the verification, and drafting it with
+# the model would add a drafter step per token (on CPUs half a target step) for drafts the
+# planner has judged not to pay. The least measured size goes first.
 EXPLORE_SIZES = (2, 4, 8, 16, 32)
-MODEL_EXPLORE_TOKENS = 7
+FILLER_EXPLORE_TOKENS = 7
 # A try that moved its size's cost by more than this fraction found the table wrong: the
 # next comes soon again. One that did not doubles the wait (ProbeSchedule).
 EXPLORE_MOVED = 0.2
@@ -539,8 +543,8 @@ class AdaptiveDrafter:
             match = self.ngram.candidates(context, max_tokens)
             if match.length < MIN_PROBE_MATCH:
                 match = NO_MATCH
-        model_tokens = MODEL_EXPLORE_TOKENS if self.model is not None else 0
-        available = min(max_tokens, max(len(predicted.tokens), len(match.tokens), model_tokens))
+        filler_tokens = min(FILLER_EXPLORE_TOKENS, len(context)) if self.model is not None else 0
+        available = min(max_tokens, max(len(predicted.tokens), len(match.tokens), filler_tokens))
         sizes = [n for n in EXPLORE_SIZES if n - 1 <= available]
         if not sizes:
             return None  # nothing to draft from now: stay due
@@ -552,7 +556,7 @@ class AdaptiveDrafter:
             return self.prediction.take(predicted, k)
         if self.ngram is not None and len(match.tokens) >= k:
             return self.ngram.take(match, k)
-        return self._model_draft(context, k, sampling, chooser, at_least=k)
+        return ngram_draft(context[len(context) - k :], 0, source="explore")
 
     # -- planning --------------------------------------------------------------------------
 

@@ -336,6 +336,25 @@ def test_a_poisoned_table_heals_within_one_answer(clock, mode):
         assert seconds == pytest.approx(QUIET[n], rel=0.2), n
 
 
+def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():
+    # Every draft is priced out, and the text repeats nothing: a try of a size the table
+    # has not measured drafts the text's own last tokens (free to propose), not the model,
+    # whose steps would cost half a target step each for drafts judged not to pay.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    model = ModelDrafter(FakeBackend(counting, N_VOCAB))
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 2: 3.0, 8: 24.0}, 0.5),
+        model=model,
+        ngram=NgramDrafter(),
+        cost_probes=ProbeSchedule(first=0),
+    )
+    context = list(range(1, 12))
+    draft = propose(drafter, context)
+    assert draft.source == "explore" and draft.tokens
+    assert draft.tokens == context[len(context) - len(draft.tokens) :]
+    assert model.step_seconds == []  # the drafter model was not run
+
+
 def test_a_size_the_table_overprices_is_tried_now_and_then(clock):
     # Only 8 tokens and more are overpriced: drafting never stops, but without trying the
     # dear sizes the planner would never learn that long drafts pay.
