@@ -426,6 +426,10 @@ class ProbeSchedule:
 # An n-gram draft tried while n-gram drafts do not pay: short, since on CPU each extra
 # token verified costs about 60% of a target step when it is wrong.
 PROBE_TOKENS = 2
+# A model draft tried while model drafts do not pay: at most this long. It is there to
+# learn whether the drafter's first tokens are kept now; grown by the drafter's confidence
+# alone it ran to 20-30 tokens on code, each a drafter step (half a target step on CPUs).
+MODEL_PROBE_TOKENS = 4
 MIN_PROBE_MATCH = 3
 # A batch of tokens decoded to catch the drafter up costs about this fraction of as many
 # single steps (llama.cpp batches them into one decode).
@@ -498,7 +502,9 @@ class AdaptiveDrafter:
             self.model_probes.due()
         ):
             self.model_probes.probed()
-            return self._model_draft(context, max_tokens, sampling, chooser, at_least=1)
+            return self._model_draft(
+                context, min(max_tokens, MODEL_PROBE_TOKENS), sampling, chooser, at_least=1
+            )
         self.model_probes.skipped()
         return Draft.empty()
 

@@ -336,6 +336,21 @@ def test_a_poisoned_table_heals_within_one_answer(clock, mode):
         assert seconds == pytest.approx(QUIET[n], rel=0.2), n
 
 
+def test_a_model_probe_is_short_however_sure_the_drafter_is():
+    # A drafter step costs half a target step: model drafts do not pay at the acceptance
+    # expected, so a model draft is only a probe now and then; a sure drafter would grow it
+    # to the limit on confidence alone.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    model = ModelDrafter(FakeBackend(counting, N_VOCAB))
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 2: 1.1, 32: 1.5}, 0.5, learn=False),
+        model=model,
+        model_probes=ProbeSchedule(first=0),
+    )
+    draft = propose(drafter, [1, 2, 3], max_tokens=8)
+    assert draft.source == "model" and draft.tokens == [4, 5, 6, 7]
+
+
 def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():
     # Every draft is priced out, and the text repeats nothing: a try of a size the table
     # has not measured drafts the text's own last tokens (free to propose), not the model,
