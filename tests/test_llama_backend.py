@@ -40,7 +40,9 @@ def test_batched_rows_match_one_token_decodes(target):
     target.truncate(0)
     target.decode(prompt[:-4], 1)
     one_by_one = [np.array(target.decode([token], 1)[0]) for token in prompt[-4:]]
-    np.testing.assert_allclose(batched, np.stack(one_by_one), atol=1e-3)
+    # llama.cpp's batched and one-token kernels sum in other orders (by how much depends on
+    # the CPU: up to 0.008 here with AVX2); a row read from the wrong place is off by units
+    np.testing.assert_allclose(batched, np.stack(one_by_one), atol=0.05)
 
 
 def test_long_input_is_decoded_in_chunks(tiny_models, target):
