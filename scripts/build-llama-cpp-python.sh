@@ -3,7 +3,8 @@
 # native kernels (native/rowwise/, copied into ggml's CPU backend as ggml-cpu/specdec/) and
 # llama.cpp patches (patches/llama.cpp/*.patch, applied in name order to vendor/llama.cpp).
 # Usage: scripts/build-llama-cpp-python.sh PYTHON VERSION
-# CMAKE_ARGS comes from specdec_cli/build_flags.py unless SPECDEC_CMAKE_ARGS/CMAKE_ARGS is set.
+# CMAKE_ARGS comes from specdec_cli/build_flags.py (CMAKE_ARGS replaces the computed flags,
+# SPECDEC_CMAKE_ARGS adds to them).
 set -euo pipefail
 python=$1
 version=$2

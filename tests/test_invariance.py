@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from specdec_cli import llama_backend
 from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.build_flags import cpu_flags
 from specdec_cli.cli import app
 from specdec_cli.errors import ModelFileError
 from specdec_cli.llama_backend import LlamaBackend
@@ -70,7 +71,7 @@ LONG_CONTINUATION = CONTINUATION * 2
 def _cpu_has_avx2() -> bool:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            return any(line.startswith("flags") and " avx2" in line for line in cpuinfo)
+            return "avx2" in cpu_flags(cpuinfo.read())
     except OSError:
         return False
 
