@@ -49,6 +49,14 @@ def x86_args(flags: set[str]) -> list[str]:
     return args
 
 
+def rowwise_isa(flags: set[str]) -> str:
+    """The instruction set of specdec's row-wise kernels (native/rowwise/) in the build these
+    flags give: ggml's GGML_AVX512 turns on AVX-512 F/CD/VL/DQ/BW together."""
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "none"
+    return "avx512_vnni" if {"avx512f", "avx512_vnni"} <= flags else "avx2"
+
+
 def computed_args(machine: str, system: str, cpuinfo: str) -> list[str]:
     if system == "Linux" and machine in ("x86_64", "AMD64"):
         return [*COMMON, *x86_args(cpu_flags(cpuinfo))]

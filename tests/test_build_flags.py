@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specdec_cli.build_flags import cmake_args
+from specdec_cli.build_flags import cmake_args, cpu_flags, rowwise_isa
 
 # /proc/cpuinfo excerpts: an AVX-512 server with AMX (the CPUs whose native build crashes),
 # and an AVX2 desktop without AVX-512.
@@ -116,3 +116,10 @@ def test_runs_as_a_script_without_the_package(tmp_path: Path) -> None:
         check=True,
     ).stdout.strip()
     assert printed.startswith("-DLLAVA_BUILD=OFF") and printed.endswith("-DGGML_CUDA=on")
+
+
+def test_the_rowwise_kernels_follow_the_instruction_sets_the_build_turns_on():
+    assert rowwise_isa(cpu_flags(AVX512_AMX_CPUINFO)) == "avx512_vnni"
+    assert rowwise_isa(cpu_flags(AVX2_CPUINFO)) == "avx2"
+    assert rowwise_isa({"avx2", "fma", "f16c", "avx512f"}) == "avx2"  # AVX-512 without VNNI
+    assert rowwise_isa({"sse4_2", "avx"}) == "none"

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from specdec_cli import llama_backend
 from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
-from specdec_cli.build_flags import cpu_flags
+from specdec_cli.build_flags import cpu_flags, rowwise_isa
 from specdec_cli.cli import app
 from specdec_cli.errors import ModelFileError
 from specdec_cli.llama_backend import LlamaBackend
@@ -68,18 +68,18 @@ EXACT_BATCH_ROWS = llama_backend.EXACT_BATCH_ROWS  # every batch size exact mode
 LONG_CONTINUATION = CONTINUATION * 2
 
 
-def _cpu_has_avx2() -> bool:
+def _this_cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            return "avx2" in cpu_flags(cpuinfo.read())
+            return cpu_flags(cpuinfo.read())
     except OSError:
-        return False
+        return set()
 
 
-def test_this_build_has_the_rowwise_kernels():
-    # on x86 with AVX2 (this project's machines) the K-quant tests below run them; elsewhere
-    # exact mode keeps llama.cpp's one-row kernels, still invariant
-    assert llama_backend.rowwise_kernels() == ("avx2" if _cpu_has_avx2() else "none")
+def test_this_build_has_the_rowwise_kernels_for_this_cpu():
+    # on x86 with AVX-512 VNNI or AVX2 (this project's machines) the K-quant tests below run
+    # them; elsewhere exact mode keeps llama.cpp's one-row kernels, still invariant
+    assert llama_backend.rowwise_kernels() == rowwise_isa(_this_cpu_flags())
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -68,7 +68,7 @@ bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, i
                             const void * a, size_t a_row_bytes, int64_t n_arows,
                             float * dst, size_t dst_stride);
 
-// The instruction set these kernels were built for ("avx2", or "none").
+// The instruction set these kernels were built for ("avx512_vnni", "avx2", or "none").
 const char * specdec_rowwise_isa(void);
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
 //
 //   make -C native test        builds it for each instruction set this machine runs, runs all
 //   ./test_rowwise_avx2 bench  GMAC/s by number of activation rows (one thread)
+//   ./test_rowwise_avx2 digest a hash of every product's bits: equal for every instruction set
 //
 // Exit 0 when every check passes; the last line reads "N passed, N failed".
 #define _POSIX_C_SOURCE 199309L
@@ -234,6 +235,20 @@ static void build_matrices(matrix * q4, matrix * q6) {
     *q6 = (matrix) {"q6_K", specdec_rowwise_q6_K, q6_rows, sizeof q6_rows[0], 1, q6_value};
 }
 
+// ---- digest: the bits of products of every batch size, hashed (FNV-1a), to compare builds -------
+
+static uint64_t digest(const matrix * m, uint64_t hash) {
+    static float out[MAX_AROWS * N_WROWS];
+    for (int n_arows = 1; n_arows <= MAX_AROWS; n_arows++) {
+        m->kernel(N_K, m->w, m->w_stride, N_WROWS, acts, sizeof acts[0], n_arows, out, N_WROWS);
+        const uint8_t * bytes = (const uint8_t *) out;
+        for (size_t i = 0; i < sizeof(float) * N_WROWS * n_arows; i++) {
+            hash = (hash ^ bytes[i]) * 0x100000001B3ull;
+        }
+    }
+    return hash;
+}
+
 // ---- microbenchmark: one weight matrix of the default target's shapes, one thread -------------------
 
 static double seconds(void) {
@@ -271,14 +286,19 @@ static void bench(kernel_fn kernel, const char * name, size_t block_bytes, int r
 }
 
 int main(int argc, char ** argv) {
-    printf("row-wise kernels: %s\n", specdec_rowwise_isa());
     matrix q4, q6;
     build_matrices(&q4, &q6);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) {
+        printf("row-wise kernels: %s\n", specdec_rowwise_isa());
         bench(specdec_rowwise_q4_Kx8, "q4_Kx8", sizeof(specdec_block_q4_Kx8), 8, 8960, 1536);
         bench(specdec_rowwise_q6_K, "q6_K", sizeof(specdec_block_q6_K), 1, 151936 / 4, 1536);
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "digest") == 0) {
+        printf("digest %016llx\n", (unsigned long long) digest(&q6, digest(&q4, 0xCBF29CE484222325ull)));
+        return 0;
+    }
+    printf("row-wise kernels: %s\n", specdec_rowwise_isa());
     if (strcmp(specdec_rowwise_isa(), "none") == 0) {
         float out[1];
         check(!specdec_rowwise_q4_Kx8(N_K, q4_packed, sizeof q4_packed[0], 8, acts, sizeof acts[0], 1, out, 1),
