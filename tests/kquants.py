@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K quantisation in numpy, for tiny test models whose matrices take the K-quant
+"""Q4_K, Q5_K and Q6_K quantisation in numpy, for tiny test models whose matrices take the K-quant
 kernels (gguf-py reads these formats but does not write them).
 
 Simple, not llama.cpp's search for the best scales: each sub-block's range is mapped onto the
@@ -20,9 +20,41 @@ def _f16(values: np.ndarray) -> np.ndarray:
 def quantize_q4_K(weights: np.ndarray) -> np.ndarray:
     """(rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 of block_q4_K."""
     rows, k = weights.shape
+    d, dmin, scales, q = _scaled_with_mins(weights, 15)
+    q = q.reshape(-1, 4, 2, 32)  # [sb][pair][low|high][l]
+    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128)
+    blocks = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), scales, qs], axis=1
+    )
+    return blocks.reshape(rows, k // QK_K * 144)
+
+
+def quantize_q5_K(weights: np.ndarray) -> np.ndarray:
+    """(rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 176) uint8 of block_q5_K:
+    Q4_K's layout for the low 4 bits, and qh[l] bit 2j (2j + 1) the fifth bit of weight
+    64j + l (64j + 32 + l)."""
+    rows, k = weights.shape
+    d, dmin, scales, q = _scaled_with_mins(weights, 31)
+    q = q.reshape(-1, 4, 2, 32)  # [sb][pair][low|high][l]
+    qs = ((q[:, :, 0, :] & 15) | ((q[:, :, 1, :] & 15) << 4)).reshape(-1, 128)
+    high = (q >> 4).astype(np.uint8)  # [sb][pair j][half h][l] -> bit 2j + h of qh[l]
+    shifts = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)
+    qh = (high << shifts[None, :, :, None]).sum(axis=(1, 2), dtype=np.uint8)
+    blocks = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), scales, qh, qs],
+        axis=1,
+    )
+    return blocks.reshape(rows, k // QK_K * 176)
+
+
+def _scaled_with_mins(
+    weights: np.ndarray, levels: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's shared part: per super-block d and dmin (fp16), the 12 bytes of 6-bit
+    sub-block scales and mins, and the quants 0..levels, (super-blocks, 256)."""
     x = weights.reshape(-1, 8, 32).astype(np.float32)  # super-blocks x sub-blocks x weights
     low = np.minimum(x.min(axis=2), 0.0)
-    scale = (x.max(axis=2) - low) / 15.0
+    scale = (x.max(axis=2) - low) / levels
     d = _f16(scale.max(axis=1) / 63.0)
     dmin = _f16(-low.min(axis=1) / 63.0)
     d32, dmin32 = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
@@ -31,16 +63,12 @@ def quantize_q4_K(weights: np.ndarray) -> np.ndarray:
         mn = np.clip(np.nan_to_num(np.rint(-low / dmin32)), 0, 63).astype(np.uint8)
         step = (d32 * sc)[:, :, None]
         q = np.nan_to_num(np.rint((x + (dmin32 * mn)[:, :, None]) / step))
-    q = np.clip(q, 0, 15).astype(np.uint8).reshape(-1, 4, 2, 32)  # [sb][pair][low|high][l]
-    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128)
+    q = np.clip(q, 0, levels).astype(np.uint8).reshape(-1, 256)
     scales = np.zeros((x.shape[0], 12), np.uint8)
     scales[:, 0:4] = (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6)
     scales[:, 4:8] = (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6)
     scales[:, 8:12] = (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4)
-    blocks = np.concatenate(
-        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), scales, qs], axis=1
-    )
-    return blocks.reshape(rows, k // QK_K * 144)
+    return d, dmin, scales, q
 
 
 def quantize_q6_K(weights: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import time
 import gguf
 import numpy as np
 import pytest
-from kquants import quantize_q4_K, quantize_q6_K
+from kquants import quantize_q4_K, quantize_q5_K, quantize_q6_K
 from tiny_gguf import (
     BOS_ID,
     BYTE_OFFSET,
@@ -27,9 +27,10 @@ from tiny_gguf import (
     ("quantize", "qtype", "rms_error"),
     [
         (quantize_q4_K, gguf.GGMLQuantizationType.Q4_K, 0.10),
+        (quantize_q5_K, gguf.GGMLQuantizationType.Q5_K, 0.05),
         (quantize_q6_K, gguf.GGMLQuantizationType.Q6_K, 0.03),
     ],
-    ids=["q4_K", "q6_K"],
+    ids=["q4_K", "q5_K", "q6_K"],
 )
 def test_kquant_blocks_read_back_as_the_weights(quantize, qtype, rms_error):
     """gguf-py's reader (ggml's layouts) decodes the test quantisers' blocks to the weights."""
@@ -45,6 +46,19 @@ def test_the_kquant_target_mixes_q4_K_and_q6_K(tiny_models):
     assert types["blk.1.ffn_down.weight"] == "Q6_K"
     assert types["blk.0.ffn_down.weight"] == "Q4_K"
     assert types["blk.0.attn_q.weight"] == "Q4_K"
+
+
+def test_the_q5_k_target_mixes_q5_K_and_q6_K(tiny_models):
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tiny_models.q5_k_target).tensors}
+    assert types["output.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.ffn_down.weight"] == types["blk.0.attn_q.weight"] == "Q5_K"
+
+
+def test_the_q8_0_target_has_its_matrices_in_q8_0(tiny_models):
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tiny_models.q8_0_target).tensors}
+    for name in ("output.weight", "blk.1.ffn_down.weight", "blk.0.attn_q.weight"):
+        assert types[name] == "Q8_0"
+    assert types["token_embd.weight"] == "F32"
 
 
 llama_cpp = pytest.importorskip("llama_cpp")

@@ -2,8 +2,9 @@
 
 Every model is a 2-layer llama (d_model 64, 4 query heads, `n_head_kv` key/value heads,
 FFN 128, context 512, rope) with random F32 (or F16) weights and a small SentencePiece
-("llama") vocabulary; the K-quant target (d_model 256, FFN 512: K-quants take rows of 256)
-has its matrices in Q4_K and Q6_K as a Q4_K_M file mixes them (tests/kquants.py):
+("llama") vocabulary; the quantised targets (d_model 256, FFN 512: K-quants take rows of 256)
+have their matrices in Q4_K (or Q5_K) and Q6_K as a Q4_K_M (Q5_K_M) file mixes them
+(tests/kquants.py), or in Q8_0 (gguf-py's quantiser):
 
     id 0            <unk>        UNKNOWN
     id 1            <s>          CONTROL  (bos, added by default)
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from kquants import quantize_q4_K, quantize_q6_K
+from kquants import quantize_q4_K, quantize_q5_K, quantize_q6_K
 
 SPIECE_SPACE = "\u2581"  # "▁"
 
@@ -237,7 +238,7 @@ def write_tiny_llama(
     chat_template: bool | str = True,
     config: TinyConfig = TinyConfig(),
     dtype: type[np.floating] = np.float32,
-    kquants: bool = False,
+    quant: str | None = None,
     name: str = "tiny-llama",
 ) -> Path:
     """Write a tiny llama GGUF to `path` and return it.
@@ -245,9 +246,10 @@ def write_tiny_llama(
     Weights come from `seed`; with `perturb_from=S` they are model S's weights plus
     Gaussian noise (`noise` times each tensor's std, drawn from `seed`). Norm weights are
     perturbed too. `chat_template` is True (ChatML-like), False (none) or a template string.
-    `dtype` is np.float32 or np.float16 for the matrices (norms stay F32); `kquants` writes
-    them as a Q4_K_M file does instead: Q6_K for the output matrix and the last layer's
-    ffn_down, Q4_K for the others (the token embeddings stay F32).
+    `dtype` is np.float32 or np.float16 for the matrices (norms stay F32); `quant` writes
+    them quantised instead (the token embeddings stay F32): "q4_k_m" as a Q4_K_M file does
+    (Q6_K for the output matrix and the last layer's ffn_down, Q4_K for the others), "q5_k_m"
+    the same with Q5_K for Q4_K, "q8_0" all in Q8_0.
     """
     path = Path(path)
     n_vocab = len(vocab)
@@ -276,8 +278,8 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(config.n_embd // config.n_head)
     writer.add_rope_freq_base(config.rope_freq_base)
     writer.add_vocab_size(n_vocab)
-    if kquants:
-        writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    if quant is not None:
+        writer.add_file_type(QUANT_FILE_TYPES[quant])
     else:
         writer.add_file_type(
             gguf.LlamaFileType.MOSTLY_F16 if dtype == np.float16 else gguf.LlamaFileType.ALL_F32
@@ -295,12 +297,9 @@ def write_tiny_llama(
     if chat_template:
         writer.add_chat_template(CHATML_TEMPLATE if chat_template is True else chat_template)
 
-    six_bit = ("output.weight", f"blk.{config.n_layer - 1}.ffn_down.weight")
     for tname, arr in weights.items():
-        if kquants and arr.ndim > 1 and tname != "token_embd.weight":
-            q6 = tname in six_bit
-            blocks = quantize_q6_K(arr) if q6 else quantize_q4_K(arr)
-            qtype = gguf.GGMLQuantizationType.Q6_K if q6 else gguf.GGMLQuantizationType.Q4_K
+        if quant is not None and arr.ndim > 1 and tname != "token_embd.weight":
+            blocks, qtype = _quantised(tname, arr, quant, config)
             writer.add_tensor(tname, blocks, raw_dtype=qtype)
             continue
         if arr.ndim > 1:
@@ -312,6 +311,27 @@ def write_tiny_llama(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+QUANT_FILE_TYPES = {
+    "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+
+
+def _quantised(
+    tname: str, arr: np.ndarray, quant: str, config: TinyConfig
+) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+    Q = gguf.GGMLQuantizationType
+    if quant == "q8_0":
+        return gguf.quants.quantize(arr, Q.Q8_0), Q.Q8_0
+    six_bit = ("output.weight", f"blk.{config.n_layer - 1}.ffn_down.weight")
+    if tname in six_bit:
+        return quantize_q6_K(arr), Q.Q6_K
+    if quant == "q5_k_m":
+        return quantize_q5_K(arr), Q.Q5_K
+    return quantize_q4_K(arr), Q.Q4_K
 
 
 TARGET_SEED = 0
@@ -331,6 +351,8 @@ class TinyModels:
     soft_target: Path  # the target's weights with logit_scale 4: flatter distributions
     soft_drafter: Path  # the close drafter's weights with logit_scale 4
     kquant_target: Path  # other seed, d_model 256, FFN 512, Q4_K and Q6_K matrices
+    q5_k_target: Path  # the K-quant target's weights in Q5_K and Q6_K
+    q8_0_target: Path  # the K-quant target's weights in Q8_0
 
 
 def build_tiny_models(directory: str | Path) -> TinyModels:
@@ -391,8 +413,22 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         d / "kquant_target.gguf",
         seed=29,
         config=TinyConfig(n_embd=256, n_ff=512),
-        kquants=True,
+        quant="q4_k_m",
         name="tiny-kquant-target",
+    )
+    q5_k_target = write_tiny_llama(
+        d / "q5_k_target.gguf",
+        seed=29,
+        config=TinyConfig(n_embd=256, n_ff=512),
+        quant="q5_k_m",
+        name="tiny-q5_k-target",
+    )
+    q8_0_target = write_tiny_llama(
+        d / "q8_0_target.gguf",
+        seed=29,
+        config=TinyConfig(n_embd=256, n_ff=512),
+        quant="q8_0",
+        name="tiny-q8_0-target",
     )
     return TinyModels(
         target,
@@ -405,4 +441,6 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         soft_target,
         soft_drafter,
         kquant_target,
+        q5_k_target,
+        q8_0_target,
     )

@@ -1,5 +1,6 @@
-// specdec row-wise K-quant kernels: matrix products of a few activation rows (a verification
-// batch, 1..64 tokens) that are cheap *and* batch-invariant.
+// specdec row-wise kernels for quantised weights (interleaved Q4_K, Q5_K, Q6_K, Q8_0): matrix
+// products of a few activation rows (a verification batch, 1..64 tokens) that are cheap *and*
+// batch-invariant.
 //
 // Why: exact mode needs a token's logits to be bitwise the same whether it is decoded alone or
 // together with drafted tokens. llama.cpp's one-row kernels give that, but unpack the quantised
@@ -10,8 +11,8 @@
 // ggml's block formats). Threads split the weight rows only, so a result does not depend on
 // the thread count either.
 //
-// The activations are ggml's Q8_K rows (quantize_row_q8_K, one row at a time). The block
-// layouts below mirror ggml's (ggml-common.h, ggml-cpu/repack.h) byte for byte; the hook in
+// The activations are ggml's Q8_K rows (quantize_row_q8_K, one row at a time), or Q8_0 rows
+// for Q8_0 weights. The block layouts below mirror ggml's (ggml-common.h, ggml-cpu/repack.h) byte for byte; the hook in
 // ggml (patches/llama.cpp/0002) checks their sizes at compile time.
 //
 // Every function returns false, having written nothing, where this build has no kernel for it
@@ -43,6 +44,24 @@ typedef struct {
     uint16_t d;                     // fp16
 } specdec_block_q6_K;
 
+// ggml's block_q5_K: 8 sub-blocks of 32 weights, w = d * sc[j] * q - dmin * m[j], q in 0..31.
+// qs holds the low 4 bits as block_q4_K does (byte 32j + l: weight 64j + l in the low nibble,
+// 64j + 32 + l in the high one); bit 2j of qh[l] is the fifth bit of weight 64j + l, bit 2j + 1
+// that of 64j + 32 + l. scales: the 6-bit scales and mins, packed as in block_q4_K.
+typedef struct {
+    uint16_t d;                     // fp16
+    uint16_t dmin;                  // fp16
+    uint8_t scales[12];
+    uint8_t qh[SPECDEC_QK_K / 8];
+    uint8_t qs[SPECDEC_QK_K / 2];
+} specdec_block_q5_K;
+
+// ggml's block_q8_0: 32 weights (or activations) w = d * q, q in -127..127 as ggml quantises.
+typedef struct {
+    uint16_t d;                     // fp16
+    int8_t qs[32];
+} specdec_block_q8_0;
+
 // ggml's block_q4_Kx8 (repack.cpp, x86 "q4_K_8x8"): one super-block of 8 weight rows
 // interleaved. Per row, 8 sub-blocks of 32 weights, w = d * sc[j] * q - dmin * m[j], q in 0..15.
 // qs: 16 chunks of 64 bytes; chunk c holds bytes 8c..8c+7 of each row's plain Q4_K qs, row
@@ -59,6 +78,17 @@ typedef struct {
 // Weight row r starts at w + r * w_row_bytes (Q6_K); activation row n at a + n * a_row_bytes.
 // n_k (the dot length) is a multiple of 256.
 bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride);
+
+// As above for Q5_K weights (Q8_K activations).
+bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride);
+
+// As above for Q8_0 weights times Q8_0 activations (ggml's vec_dot_type for Q8_0): n_k is a
+// multiple of 32.
+bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
                           const void * a, size_t a_row_bytes, int64_t n_arows,
                           float * dst, size_t dst_stride);
 

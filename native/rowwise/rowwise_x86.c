@@ -58,6 +58,19 @@ static inline float hsum_fixed(__m256 x) {
     return _mm_cvtss_f32(v);
 }
 
+// The 8 sub-block scales (bytes 0-7) and mins (bytes 8-15) of a block_q4_K or block_q5_K, from
+// their 12 packed bytes (ggml's get_scale_min_k4, four at a time).
+static inline __m128i scales_and_mins_k4(const uint8_t * packed) {
+    const uint32_t w0 = (uint32_t) load_i32(packed);
+    const uint32_t w1 = (uint32_t) load_i32(packed + 4);
+    const uint32_t w2 = (uint32_t) load_i32(packed + 8);
+    const uint32_t s03 = w0 & 0x3f3f3f3f;
+    const uint32_t m03 = w1 & 0x3f3f3f3f;
+    const uint32_t s47 = (w2 & 0x0f0f0f0f) | ((w0 >> 2) & 0x30303030);
+    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0f) | ((w1 >> 2) & 0x30303030);
+    return _mm_setr_epi32((int) s03, (int) s47, (int) m03, (int) m47);
+}
+
 #if !defined(SPECDEC_ROWWISE_AVX512_VNNI)  // ---- the AVX2 kernels ----
 
 // ---- Q4_K, 8 interleaved weight rows (block_q4_Kx8) x Q8_K ---------------------------------------
@@ -315,6 +328,153 @@ bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64
         for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
             const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
             q6_K_pass(nb, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                      dst + n0 * dst_stride + r, dst_stride);
+        }
+    }
+    return true;
+}
+
+// ---- Q5_K, one weight row x Q8_K ----------------------------------------------------------------
+//
+// Per block and activation row, two sets of 8 int32 lanes (exact):
+//   sumi lane l = sum over sub-blocks t of sc[t] * (products of bytes 4l..4l + 3 of sub-block t)
+//                 (vpmaddubsw, then vpmaddwd with the sub-block's scale; q <= 31, so no int16
+//                 pair saturates)
+//   summ lane j = m[j] * (sum of the activations of sub-block j)   (vpmaddwd with Q8_K's bsums)
+// Float order, per activation row n, over super-blocks i = 0, 1, ...:
+//   acc = fma(broadcast(d * d_a), float(sumi), acc); acc = acc - broadcast(dmin * d_a) * float(summ)
+//   (fnmadd), from acc = 0; then the result is hsum_fixed(acc).
+
+typedef struct {
+    __m256i q[8];        // sub-block t's quants (0..31) as bytes
+    __m256i scales[8];   // int16: sub-block t's scale 16 times
+    __m256i mins;        // int16 pairs (m_j, m_j), j = 0..7
+    float d, dmin;
+} q5_K_unpacked;
+
+static inline __attribute__((always_inline)) void unpack_q5_K(const specdec_block_q5_K * b, q5_K_unpacked * u) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    const __m256i one = _mm256_set1_epi8(1);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *) b->qh);
+    for (int j = 0; j < 4; j++) {
+        const __m256i ql = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * j));
+        const __m256i fifth_low = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one);
+        const __m256i fifth_high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one);
+        u->q[2 * j] = _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_slli_epi16(fifth_low, 4));
+        u->q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), low4),
+                                          _mm256_slli_epi16(fifth_high, 4));
+    }
+    const __m128i sm = scales_and_mins_k4(b->scales);
+    const __m256i wide = _mm256_cvtepu8_epi16(sm);  // int16: 8 scales, then 8 mins
+    int16_t scales[16];
+    _mm256_storeu_si256((__m256i *) scales, wide);
+    for (int t = 0; t < 8; t++) {
+        u->scales[t] = _mm256_set1_epi16(scales[t]);
+    }
+    const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    u->mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, min_pairs));
+    u->d = fp16_to_fp32(b->d);
+    u->dmin = fp16_to_fp32(b->dmin);
+}
+
+static inline __attribute__((always_inline)) void dot_q5_K_block(const q5_K_unpacked * u, const specdec_block_q8_K * y,
+                                                                 __m256i * sumi, __m256i * summ) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *) (y->qs + 32 * t));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[t], a), u->scales[t]));
+    }
+    *sumi = sum;
+    *summ = _mm256_madd_epi16(u->mins, _mm256_loadu_si256((const __m256i *) y->bsums));
+}
+
+static void q5_K_pass(int64_t nb, const specdec_block_q5_K * w, const uint8_t * a, size_t a_row_bytes,
+                      int64_t n_arows, float * dst, size_t dst_stride) {
+    __m256 acc[AROWS_PER_PASS];
+    for (int64_t n = 0; n < n_arows; n++) {
+        acc[n] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        q5_K_unpacked u;
+        unpack_q5_K(w + i, &u);
+        for (int64_t n = 0; n < n_arows; n++) {
+            const specdec_block_q8_K * y = (const specdec_block_q8_K *) (a + n * a_row_bytes) + i;
+            __m256i sumi, summ;
+            dot_q5_K_block(&u, y, &sumi, &summ);
+            acc[n] = _mm256_fmadd_ps(_mm256_set1_ps(u.d * y->d), _mm256_cvtepi32_ps(sumi), acc[n]);
+            acc[n] = _mm256_fnmadd_ps(_mm256_set1_ps(u.dmin * y->d), _mm256_cvtepi32_ps(summ), acc[n]);
+        }
+    }
+    for (int64_t n = 0; n < n_arows; n++) {
+        dst[n * dst_stride] = hsum_fixed(acc[n]);
+    }
+}
+
+bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    if (n_k % SPECDEC_QK_K != 0) {
+        return false;
+    }
+    for (int64_t r = 0; r < n_wrows; r++) {
+        const specdec_block_q5_K * row = (const specdec_block_q5_K *) ((const uint8_t *) w + r * w_row_bytes);
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            q5_K_pass(n_k / SPECDEC_QK_K, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                      dst + n0 * dst_stride + r, dst_stride);
+        }
+    }
+    return true;
+}
+
+// ---- Q8_0, one weight row x Q8_0 ----------------------------------------------------------------
+//
+// Per block of 32 and activation row, 8 int32 lanes: lane l sums the products of weights and
+// activations 4l..4l + 3 (vpmaddubsw of |w| and a with w's sign, then vpmaddwd with ones; ggml's
+// quantisers keep |q| <= 127, so no int16 pair saturates). Exact, so the AVX-512 kernel's lanes
+// are the same integers.
+//
+// Float order, per activation row n, over blocks b = 0, 1, ...:
+//   acc[b % 2] = fma(broadcast(d_w[b] * d_a[b]), float(lanes), acc[b % 2])   (from acc = 0)
+// then the result is hsum_fixed(acc[0] + acc[1]). (Two accumulators: the AVX-512 kernel takes
+// blocks in pairs, one per 256-bit half.)
+
+static void q8_0_pass(int64_t nb, const specdec_block_q8_0 * w, const uint8_t * a, size_t a_row_bytes,
+                      int64_t n_arows, float * dst, size_t dst_stride) {
+    __m256 acc[AROWS_PER_PASS][2];
+    for (int64_t n = 0; n < n_arows; n++) {
+        acc[n][0] = _mm256_setzero_ps();
+        acc[n][1] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) w[b].qs);
+        const __m256i q_abs = _mm256_sign_epi8(q, q);
+        const float d_w = fp16_to_fp32(w[b].d);
+        for (int64_t n = 0; n < n_arows; n++) {
+            const specdec_block_q8_0 * y = (const specdec_block_q8_0 *) (a + n * a_row_bytes) + b;
+            const __m256i act = _mm256_loadu_si256((const __m256i *) y->qs);
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(act, q)),
+                                                    _mm256_set1_epi16(1));
+            const __m256 scale = _mm256_set1_ps(d_w * fp16_to_fp32(y->d));
+            acc[n][b & 1] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[n][b & 1]);
+        }
+    }
+    for (int64_t n = 0; n < n_arows; n++) {
+        dst[n * dst_stride] = hsum_fixed(_mm256_add_ps(acc[n][0], acc[n][1]));
+    }
+}
+
+bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    if (n_k % 32 != 0) {
+        return false;
+    }
+    for (int64_t r = 0; r < n_wrows; r++) {
+        const specdec_block_q8_0 * row = (const specdec_block_q8_0 *) ((const uint8_t *) w + r * w_row_bytes);
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            q8_0_pass(n_k / 32, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
                       dst + n0 * dst_stride + r, dst_stride);
         }
     }
@@ -582,6 +742,158 @@ bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64
     return true;
 }
 
+// ---- Q5_K, one weight row x Q8_K, AVX-512 VNNI ---------------------------------------------------
+//
+// Register v holds sub-blocks 2v (low 256 bits) and 2v + 1 (high); vpdpbusd then vpdpwssd against
+// (scale, 0) as for Q6_K (a lane's 4 products are at most 4 * 31 * 128, an int16), and adding the
+// halves gives the AVX2 kernel's sumi lanes; summ and the float order are its own.
+
+typedef struct {
+    __m512i q[4];       // quants 64v..64v + 63 (sub-blocks 2v, 2v + 1) as bytes
+    __m512i scales[4];  // int32 lanes 0-7: (scale of sub-block 2v, 0); lanes 8-15: of 2v + 1
+    __m256i mins;       // int16 pairs (m_j, m_j), j = 0..7
+    float d, dmin;
+} q5_K_unpacked512;
+
+static inline __attribute__((always_inline)) void unpack_q5_K512(const specdec_block_q5_K * b, q5_K_unpacked512 * u) {
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i one = _mm512_set1_epi8(1);
+    const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) b->qh));
+    const __m128i sm = scales_and_mins_k4(b->scales);
+    const __m512i scales = _mm512_cvtepu8_epi32(sm);  // lanes 0-7: the 8 scales (lanes 8-15: mins)
+    for (int v = 0; v < 4; v++) {
+        const __m512i ql = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (b->qs + 32 * v)));
+        const __m512i fifth_shift = _mm512_inserti64x4(_mm512_set1_epi16((short) (2 * v)),
+                                                        _mm256_set1_epi16((short) (2 * v + 1)), 1);
+        const __m512i fifth = _mm512_and_si512(_mm512_srlv_epi16(qh, fifth_shift), one);
+        u->q[v] = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(ql, nibble_shift), low4),
+                                  _mm512_slli_epi16(fifth, 4));
+        const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi32(2 * v), _mm256_set1_epi32(2 * v + 1), 1);
+        u->scales[v] = _mm512_permutexvar_epi32(pick, scales);
+    }
+    const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    u->mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, min_pairs));
+    u->d = fp16_to_fp32(b->d);
+    u->dmin = fp16_to_fp32(b->dmin);
+}
+
+static void q5_K_pass512(int64_t nb, const specdec_block_q5_K * w, const uint8_t * a, size_t a_row_bytes,
+                         int64_t n_arows, float * dst, size_t dst_stride) {
+    __m256 acc[AROWS_PER_PASS];
+    for (int64_t n = 0; n < n_arows; n++) {
+        acc[n] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        q5_K_unpacked512 u;
+        unpack_q5_K512(w + i, &u);
+        for (int64_t n = 0; n < n_arows; n++) {
+            const specdec_block_q8_K * y = (const specdec_block_q8_K *) (a + n * a_row_bytes) + i;
+            __m512i sum = _mm512_setzero_si512();
+            for (int v = 0; v < 4; v++) {
+                const __m512i act = _mm512_loadu_si512((const void *) (y->qs + 64 * v));
+                sum = _mm512_dpwssd_epi32(sum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.q[v], act), u.scales[v]);
+            }
+            const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const __m256i summ = _mm256_madd_epi16(u.mins, _mm256_loadu_si256((const __m256i *) y->bsums));
+            acc[n] = _mm256_fmadd_ps(_mm256_set1_ps(u.d * y->d), _mm256_cvtepi32_ps(sumi), acc[n]);
+            acc[n] = _mm256_fnmadd_ps(_mm256_set1_ps(u.dmin * y->d), _mm256_cvtepi32_ps(summ), acc[n]);
+        }
+    }
+    for (int64_t n = 0; n < n_arows; n++) {
+        dst[n * dst_stride] = hsum_fixed(acc[n]);
+    }
+}
+
+bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    if (n_k % SPECDEC_QK_K != 0) {
+        return false;
+    }
+    for (int64_t r = 0; r < n_wrows; r++) {
+        const specdec_block_q5_K * row = (const specdec_block_q5_K *) ((const uint8_t *) w + r * w_row_bytes);
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            q5_K_pass512(n_k / SPECDEC_QK_K, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                         dst + n0 * dst_stride + r, dst_stride);
+        }
+    }
+    return true;
+}
+
+// ---- Q8_0, one weight row x Q8_0, AVX-512 VNNI -----------------------------------------------------
+//
+// Blocks in pairs, one per 256-bit half: vpdpbusd of |w| and a with w's sign (a masked negation:
+// AVX-512 has no vpsignb) gives the AVX2 kernel's 8 lanes for each block of the pair, and one
+// 512-bit fma adds them into its two accumulators at once (low half: even blocks, high: odd).
+// Float order: that of q8_0_pass (AVX2); a last unpaired block goes to the even accumulator.
+
+static inline __m512i load_q8_0_pair(const specdec_block_q8_0 * b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) b[0].qs)),
+                              _mm256_loadu_si256((const __m256i *) b[1].qs), 1);
+}
+
+// d_w[0] * d_a[0], d_w[1] * d_a[1] in lanes 0, 1
+static inline __m128 q8_0_pair_scales(__m128 d_w, const specdec_block_q8_0 * y) {
+    const int d_a = (int) y[0].d | ((int) y[1].d << 16);
+    return _mm_mul_ps(d_w, _mm_cvtph_ps(_mm_cvtsi32_si128(d_a)));
+}
+
+static void q8_0_pass512(int64_t nb, const specdec_block_q8_0 * w, const uint8_t * a, size_t a_row_bytes,
+                         int64_t n_arows, float * dst, size_t dst_stride) {
+    __m512 acc[AROWS_PER_PASS];
+    for (int64_t n = 0; n < n_arows; n++) {
+        acc[n] = _mm512_setzero_ps();
+    }
+    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const __m512i q = load_q8_0_pair(w + b);
+        const __m512i q_abs = _mm512_abs_epi8(q);
+        const __mmask64 negative = _mm512_movepi8_mask(q);
+        const __m128 d_w = _mm_cvtph_ps(_mm_cvtsi32_si128((int) w[b].d | ((int) w[b + 1].d << 16)));
+        for (int64_t n = 0; n < n_arows; n++) {
+            const specdec_block_q8_0 * y = (const specdec_block_q8_0 *) (a + n * a_row_bytes) + b;
+            const __m512i act = load_q8_0_pair(y);
+            const __m512i signed_act = _mm512_mask_sub_epi8(act, negative, _mm512_setzero_si512(), act);
+            const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_abs, signed_act);
+            const __m512 scale = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(q8_0_pair_scales(d_w, y)));
+            acc[n] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[n]);
+        }
+    }
+    for (int64_t n = 0; n < n_arows; n++) {
+        __m256 even = _mm512_castps512_ps256(acc[n]);
+        if (b < nb) {  // the last block, unpaired
+            const specdec_block_q8_0 * y = (const specdec_block_q8_0 *) (a + n * a_row_bytes) + b;
+            const __m256i q = _mm256_loadu_si256((const __m256i *) w[b].qs);
+            const __m256i act = _mm256_loadu_si256((const __m256i *) y->qs);
+            const __m256i signed_act = _mm256_mask_sub_epi8(act, _mm256_movepi8_mask(q), _mm256_setzero_si256(), act);
+            const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(q), signed_act);
+            const __m256 scale = _mm256_set1_ps(fp16_to_fp32(w[b].d) * fp16_to_fp32(y->d));
+            even = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), even);
+        }
+        dst[n * dst_stride] = hsum_fixed(_mm256_add_ps(even, _mm512_extractf32x8_ps(acc[n], 1)));
+    }
+}
+
+bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    if (n_k % 32 != 0) {
+        return false;
+    }
+    for (int64_t r = 0; r < n_wrows; r++) {
+        const specdec_block_q8_0 * row = (const specdec_block_q8_0 *) ((const uint8_t *) w + r * w_row_bytes);
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            q8_0_pass512(n_k / 32, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                         dst + n0 * dst_stride + r, dst_stride);
+        }
+    }
+    return true;
+}
+
 const char * specdec_rowwise_isa(void) {
     return "avx512_vnni";
 }
@@ -601,6 +913,22 @@ bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, i
                             const void * a, size_t a_row_bytes, int64_t n_arows,
                             float * dst, size_t dst_stride) {
     (void) n_k; (void) w; (void) w_group_bytes; (void) n_wrows;
+    (void) a; (void) a_row_bytes; (void) n_arows; (void) dst; (void) dst_stride;
+    return false;
+}
+
+bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    (void) n_k; (void) w; (void) w_row_bytes; (void) n_wrows;
+    (void) a; (void) a_row_bytes; (void) n_arows; (void) dst; (void) dst_stride;
+    return false;
+}
+
+bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    (void) n_k; (void) w; (void) w_row_bytes; (void) n_wrows;
     (void) a; (void) a_row_bytes; (void) n_arows; (void) dst; (void) dst_stride;
     return false;
 }

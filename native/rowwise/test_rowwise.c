@@ -141,6 +141,46 @@ static double q6_K_value(const specdec_block_q6_K * row, int k) {
     return from_fp16(b->d) * b->scales[w / 16] * ((low | (high << 4)) - 32);
 }
 
+// ---- Q5_K: random bytes are valid blocks, given valid fp16 scales ---------------------------------
+
+static void random_q5_K(specdec_block_q5_K * b) {
+    b->d = to_fp16(rnd_float(0.0005f, 0.01f));
+    b->dmin = to_fp16(rnd_float(0.0005f, 0.01f));
+    for (int k = 0; k < 12; k++) b->scales[k] = (uint8_t) rnd();
+    for (int k = 0; k < 32; k++) b->qh[k] = (uint8_t) rnd();
+    for (int k = 0; k < 128; k++) b->qs[k] = (uint8_t) rnd();
+}
+
+// ggml's get_scale_min_k4 and dequantize_row_q5_K, one weight at a time
+static void scale_min_k4(int j, const uint8_t * q, int * sc, int * m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static double q5_K_value(const specdec_block_q5_K * row, int k) {
+    const specdec_block_q5_K * b = row + k / SPECDEC_QK_K;
+    const int w = k % SPECDEC_QK_K, j = w / 64, h = (w % 64) / 32, l = w % 32;
+    const uint8_t ql = b->qs[32 * j + l];
+    const int q = (h ? ql >> 4 : ql & 0xF) + 16 * ((b->qh[l] >> (2 * j + h)) & 1);
+    int sc, m;
+    scale_min_k4(2 * j + h, b->scales, &sc, &m);
+    return from_fp16(b->d) * sc * q - from_fp16(b->dmin) * m;
+}
+
+// ---- Q8_0: weights and activations, |q| <= 127 as ggml's quantisers make them -------------------------
+
+static void random_q8_0(specdec_block_q8_0 * b, int n_blocks) {
+    for (int i = 0; i < n_blocks; i++) {
+        b[i].d = to_fp16(rnd_float(0.0005f, 0.05f));
+        for (int k = 0; k < 32; k++) b[i].qs[k] = (int8_t) rnd_range(-127, 127);
+    }
+}
+
 // ---- the checks --------------------------------------------------------------------------------------
 
 enum { N_K = 1024, NB = N_K / SPECDEC_QK_K, N_WROWS = 32, MAX_AROWS = 70 };
@@ -154,9 +194,18 @@ typedef struct {
     size_t w_stride;   // bytes between weight rows (Q6_K) or groups of 8 (Q4_Kx8)
     int rows_per_w;    // 1 or 8: weight rows per w_stride
     double (*value)(const void * w, int row, int k);
+    const void * acts;       // MAX_AROWS activation rows
+    size_t act_row_bytes;
+    double (*act_value)(int n, int k);
 } matrix;
 
 static specdec_block_q8_K acts[MAX_AROWS][NB];
+static specdec_block_q8_0 acts_q8_0[MAX_AROWS][N_K / 32];
+
+static double q8_K_act(int n, int k) { return q8_K_value(acts[n], k); }
+static double q8_0_act(int n, int k) {
+    return from_fp16(acts_q8_0[n][k / 32].d) * acts_q8_0[n][k / 32].qs[k % 32];
+}
 
 static void tolerance_check(const matrix * m, const float * got, int n_arows) {
     // float sums of exact per-block integers: |error| <= 1e-5 * sum |w a| (the true error is ~1e-7)
@@ -165,7 +214,7 @@ static void tolerance_check(const matrix * m, const float * got, int n_arows) {
         for (int r = 0; r < N_WROWS; r++) {
             double ref = 0, magnitude = 0;
             for (int k = 0; k < N_K; k++) {
-                const double term = m->value(m->w, r, k) * q8_K_value(acts[n], k);
+                const double term = m->value(m->w, r, k) * m->act_value(n, k);
                 ref += term;
                 magnitude += fabs(term);
             }
@@ -181,12 +230,13 @@ static void tolerance_check(const matrix * m, const float * got, int n_arows) {
 static void invariance_check(const matrix * m) {
     static float alone[MAX_AROWS][N_WROWS], batch[MAX_AROWS * N_WROWS];
     for (int n = 0; n < MAX_AROWS; n++) {
-        m->kernel(N_K, m->w, m->w_stride, N_WROWS, acts[n], sizeof acts[n], 1, alone[n], N_WROWS);
+        m->kernel(N_K, m->w, m->w_stride, N_WROWS, (const uint8_t *) m->acts + n * m->act_row_bytes,
+                  m->act_row_bytes, 1, alone[n], N_WROWS);
     }
     const int sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 64, MAX_AROWS};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         const int n_arows = sizes[s];
-        m->kernel(N_K, m->w, m->w_stride, N_WROWS, acts, sizeof acts[0], n_arows, batch, N_WROWS);
+        m->kernel(N_K, m->w, m->w_stride, N_WROWS, m->acts, m->act_row_bytes, n_arows, batch, N_WROWS);
         char what[128];
         snprintf(what, sizeof what, "%s: %d rows together equal each row alone, bitwise", m->name, n_arows);
         check(memcmp(batch, alone, sizeof(float) * N_WROWS * n_arows) == 0, what);
@@ -197,7 +247,7 @@ static void invariance_check(const matrix * m) {
     // a thread computes a slice of the weight rows: the slice's results are the same bits
     const int slice = 8;  // a multiple of 8 for the interleaved layout
     m->kernel(N_K, (const uint8_t *) m->w + (slice / m->rows_per_w) * m->w_stride, m->w_stride,
-              N_WROWS - slice, acts, sizeof acts[0], 5, batch, N_WROWS);
+              N_WROWS - slice, m->acts, m->act_row_bytes, 5, batch, N_WROWS);
     int same = 1;
     for (int n = 0; n < 5; n++) {
         same &= memcmp(batch + n * N_WROWS, alone[n] + slice, sizeof(float) * (N_WROWS - slice)) == 0;
@@ -210,15 +260,24 @@ static void invariance_check(const matrix * m) {
 static q4_K_params q4_rows[N_WROWS][NB];
 static specdec_block_q4_Kx8 q4_packed[N_WROWS / 8][NB];
 static specdec_block_q6_K q6_rows[N_WROWS][NB];
+static specdec_block_q8_0 q8_0_rows[N_WROWS][N_K / 32];
+static specdec_block_q5_K q5_rows[N_WROWS][NB];
 
 static double q4_value(const void * w, int row, int k) { (void) w; return q4_K_value(&q4_rows[row][k / SPECDEC_QK_K], k % SPECDEC_QK_K); }
 static double q6_value(const void * w, int row, int k) { return q6_K_value(((const specdec_block_q6_K (*)[NB]) w)[row], k); }
+static double q5_value(const void * w, int row, int k) { return q5_K_value(((const specdec_block_q5_K (*)[NB]) w)[row], k); }
+static double q8_0_value(const void * w, int row, int k) {
+    (void) w;
+    return from_fp16(q8_0_rows[row][k / 32].d) * q8_0_rows[row][k / 32].qs[k % 32];
+}
 
-static void build_matrices(matrix * q4, matrix * q6) {
+static void build_matrices(matrix * q4, matrix * q5, matrix * q6, matrix * q8) {
     for (int r = 0; r < N_WROWS; r++) {
+        random_q8_0(q8_0_rows[r], N_K / 32);
         for (int i = 0; i < NB; i++) {
             random_q4_K_params(&q4_rows[r][i]);
             random_q6_K(&q6_rows[r][i]);
+            random_q5_K(&q5_rows[r][i]);
         }
     }
     for (int g = 0; g < N_WROWS / 8; g++) {
@@ -230,9 +289,12 @@ static void build_matrices(matrix * q4, matrix * q6) {
     }
     for (int n = 0; n < MAX_AROWS; n++) {
         random_q8_K_row(acts[n], NB);
+        random_q8_0(acts_q8_0[n], N_K / 32);
     }
-    *q4 = (matrix) {"q4_Kx8", specdec_rowwise_q4_Kx8, q4_packed, sizeof q4_packed[0], 8, q4_value};
-    *q6 = (matrix) {"q6_K", specdec_rowwise_q6_K, q6_rows, sizeof q6_rows[0], 1, q6_value};
+    *q4 = (matrix) {"q4_Kx8", specdec_rowwise_q4_Kx8, q4_packed, sizeof q4_packed[0], 8, q4_value, acts, sizeof acts[0], q8_K_act};
+    *q5 = (matrix) {"q5_K", specdec_rowwise_q5_K, q5_rows, sizeof q5_rows[0], 1, q5_value, acts, sizeof acts[0], q8_K_act};
+    *q6 = (matrix) {"q6_K", specdec_rowwise_q6_K, q6_rows, sizeof q6_rows[0], 1, q6_value, acts, sizeof acts[0], q8_K_act};
+    *q8 = (matrix) {"q8_0", specdec_rowwise_q8_0, q8_0_rows, sizeof q8_0_rows[0], 1, q8_0_value, acts_q8_0, sizeof acts_q8_0[0], q8_0_act};
 }
 
 // ---- digest: the bits of products of every batch size, hashed (FNV-1a), to compare builds -------
@@ -240,7 +302,7 @@ static void build_matrices(matrix * q4, matrix * q6) {
 static uint64_t digest(const matrix * m, uint64_t hash) {
     static float out[MAX_AROWS * N_WROWS];
     for (int n_arows = 1; n_arows <= MAX_AROWS; n_arows++) {
-        m->kernel(N_K, m->w, m->w_stride, N_WROWS, acts, sizeof acts[0], n_arows, out, N_WROWS);
+        m->kernel(N_K, m->w, m->w_stride, N_WROWS, m->acts, m->act_row_bytes, n_arows, out, N_WROWS);
         const uint8_t * bytes = (const uint8_t *) out;
         for (size_t i = 0; i < sizeof(float) * N_WROWS * n_arows; i++) {
             hash = (hash ^ bytes[i]) * 0x100000001B3ull;
@@ -257,14 +319,23 @@ static double seconds(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void bench(kernel_fn kernel, const char * name, size_t block_bytes, int rows_per_stride, int64_t n_wrows, int64_t n_k) {
-    const int64_t nb = n_k / SPECDEC_QK_K;
+static void bench(kernel_fn kernel, const char * name, size_t block_bytes, int block_k, int rows_per_stride,
+                  int64_t n_wrows, int64_t n_k, bool q8_0_acts) {
+    const int64_t nb = n_k / block_k;
     const size_t stride = block_bytes * (size_t) nb;  // bytes per weight row, or per group of 8
     const size_t w_bytes = stride * (size_t) (n_wrows / rows_per_stride);
     uint8_t * w = malloc(w_bytes);
     for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t) rnd();
-    specdec_block_q8_K * a = malloc(sizeof(specdec_block_q8_K) * nb * 16);
-    for (int n = 0; n < 16; n++) random_q8_K_row(a + n * nb, (int) nb);
+    const size_t a_row_bytes = q8_0_acts ? sizeof(specdec_block_q8_0) * (size_t) (n_k / 32)
+                                         : sizeof(specdec_block_q8_K) * (size_t) (n_k / SPECDEC_QK_K);
+    uint8_t * a = malloc(a_row_bytes * 16);
+    for (int n = 0; n < 16; n++) {
+        if (q8_0_acts) {
+            random_q8_0((specdec_block_q8_0 *) (a + n * a_row_bytes), (int) (n_k / 32));
+        } else {
+            random_q8_K_row((specdec_block_q8_K *) (a + n * a_row_bytes), (int) (n_k / SPECDEC_QK_K));
+        }
+    }
     float * dst = malloc(sizeof(float) * n_wrows * 16);
     printf("%s, %lld x %lld (%.1f MB), one thread:\n", name, (long long) n_wrows, (long long) n_k, w_bytes / 1e6);
     double one = 0;
@@ -272,7 +343,7 @@ static void bench(kernel_fn kernel, const char * name, size_t block_bytes, int r
         double best = 1e9;
         for (int rep = 0; rep < 5; rep++) {
             const double t = seconds();
-            kernel(n_k, w, stride, n_wrows, a, sizeof(specdec_block_q8_K) * nb, n_arows, dst, n_wrows);
+            kernel(n_k, w, stride, n_wrows, a, a_row_bytes, n_arows, dst, n_wrows);
             const double dt = seconds() - t;
             best = dt < best ? dt : best;
         }
@@ -286,16 +357,18 @@ static void bench(kernel_fn kernel, const char * name, size_t block_bytes, int r
 }
 
 int main(int argc, char ** argv) {
-    matrix q4, q6;
-    build_matrices(&q4, &q6);
+    matrix q4, q5, q6, q8;
+    build_matrices(&q4, &q5, &q6, &q8);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) {
         printf("row-wise kernels: %s\n", specdec_rowwise_isa());
-        bench(specdec_rowwise_q4_Kx8, "q4_Kx8", sizeof(specdec_block_q4_Kx8), 8, 8960, 1536);
-        bench(specdec_rowwise_q6_K, "q6_K", sizeof(specdec_block_q6_K), 1, 151936 / 4, 1536);
+        bench(specdec_rowwise_q4_Kx8, "q4_Kx8", sizeof(specdec_block_q4_Kx8), SPECDEC_QK_K, 8, 8960, 1536, false);
+        bench(specdec_rowwise_q5_K, "q5_K", sizeof(specdec_block_q5_K), SPECDEC_QK_K, 1, 8960, 1536, false);
+        bench(specdec_rowwise_q6_K, "q6_K", sizeof(specdec_block_q6_K), SPECDEC_QK_K, 1, 151936 / 4, 1536, false);
+        bench(specdec_rowwise_q8_0, "q8_0", sizeof(specdec_block_q8_0), 32, 1, 8960, 1536, true);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "digest") == 0) {
-        printf("digest %016llx\n", (unsigned long long) digest(&q6, digest(&q4, 0xCBF29CE484222325ull)));
+        printf("digest %016llx\n", (unsigned long long) digest(&q8, digest(&q6, digest(&q5, digest(&q4, 0xCBF29CE484222325ull)))));
         return 0;
     }
     printf("row-wise kernels: %s\n", specdec_rowwise_isa());
@@ -305,9 +378,15 @@ int main(int argc, char ** argv) {
               "without a kernel, q4_Kx8 declines");
         check(!specdec_rowwise_q6_K(N_K, q6_rows, sizeof q6_rows[0], 1, acts, sizeof acts[0], 1, out, 1),
               "without a kernel, q6_K declines");
+        check(!specdec_rowwise_q5_K(N_K, q5_rows, sizeof q5_rows[0], 1, acts, sizeof acts[0], 1, out, 1),
+              "without a kernel, q5_K declines");
+        check(!specdec_rowwise_q8_0(N_K, q8_0_rows, sizeof q8_0_rows[0], 1, acts_q8_0, sizeof acts_q8_0[0], 1, out, 1),
+              "without a kernel, q8_0 declines");
     } else {
         invariance_check(&q4);
+        invariance_check(&q5);
         invariance_check(&q6);
+        invariance_check(&q8);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
