@@ -48,7 +48,7 @@ from .engine import (
     Piece,
     SamplingRule,
 )
-from .errors import BadUsageError, SpecdecError
+from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .json_cache import read_json_cache, write_json_cache
 from .sampling import SamplingSettings, TokenChooser
 from .session import (
@@ -937,7 +937,7 @@ def measure(
         for prompt in request.prompts:
             _measure_prompt(pair, request, prompt, report, progress, pooled)
     except KeyboardInterrupt:
-        report.stopped_by, report.exit_code = "interrupted", 130
+        report.stopped_by, report.exit_code = "interrupted", EXIT_INTERRUPTED
     except SpecdecError as error:
         report.stopped_by, report.exit_code = f"error: {error}", error.exit_code or 1
     report.finished_at = _now()

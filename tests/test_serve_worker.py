@@ -8,13 +8,11 @@ import asyncio
 import jinja2
 import pytest
 
-pytest.importorskip("llama_cpp")
-
-from specdec_cli import serve_worker  # noqa: E402
-from specdec_cli.engine import Generation, GenerationSettings  # noqa: E402
-from specdec_cli.serve_protocol import Answer  # noqa: E402
-from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker  # noqa: E402
-from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
+from specdec_cli import serve_worker
+from specdec_cli.engine import Generation, GenerationSettings
+from specdec_cli.serve_protocol import Answer
+from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker
+from specdec_cli.session import HardwareOptions, load_pair
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import gguf
+import llama_cpp
 import numpy as np
 import pytest
 from kquants import quantize_q4_K, quantize_q5_K, quantize_q6_K
@@ -60,8 +61,6 @@ def test_the_q8_0_target_has_its_matrices_in_q8_0(tiny_models):
         assert types[name] == "Q8_0"
     assert types["token_embd.weight"] == "F32"
 
-
-llama_cpp = pytest.importorskip("llama_cpp")
 
 PROMPTS = (
     b"Once upon a time there was a model that",
