@@ -42,15 +42,22 @@ class Backend(Protocol):
         """The model file; None for a backend not loaded from one (tests)."""
         ...
 
-    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logit_rows` of them.
 
-        The rows may be views into the backend's buffers, valid until the next call.
+        `prompt`: they end a request's prompt (the rest is cached); an exact backend then
+        computes them exactly as it would with nothing cached (llama_backend). The rows may
+        be views into the backend's buffers, valid until the next call.
         """
         ...
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached token from position `n_keep` on."""
+        ...
+
+    def prompt_reuse(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of `prompt` a prompt decode keeps from the cache (at most
+        all but the last: its logits are wanted)."""
         ...
 
     def resize_context(self, n_ctx: int) -> None:
@@ -109,15 +116,18 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return int(mismatches[0]) if mismatches.size else n
 
 
-def logits_for_suffix(backend: Backend, tokens: Sequence[int], n_rows: int) -> np.ndarray:
+def logits_for_suffix(
+    backend: Backend, tokens: Sequence[int], n_rows: int, prompt: bool = False
+) -> np.ndarray:
     """Bring the cache to `tokens` and return logits for its last `n_rows` positions.
 
     Only the part of `tokens` not already cached is decoded; a cache that ran ahead
-    (rejected drafts, an edited chat history) is truncated first.
+    (rejected drafts, an edited chat history) is truncated first. `prompt`: `tokens` is a
+    request's prompt (see Backend.decode).
     """
     if not 1 <= n_rows <= len(tokens):
         raise ValueError(f"need 1..{len(tokens)} logit rows, asked for {n_rows}")
     keep = min(common_prefix_length(backend.cached, tokens), len(tokens) - n_rows)
     if keep < len(backend.cached):
         backend.truncate(keep)
-    return backend.decode(tokens[keep:], n_rows)
+    return backend.decode(tokens[keep:], n_rows, prompt)

@@ -4,7 +4,9 @@ No terminal code here. `chat_loop.py` reads lines and handles Ctrl-C; `render.Ch
 
 Each turn renders the whole conversation through the target's chat template and runs one
 `Generation` over all of it. The backends compare that token list with what their KV caches
-hold (`backend.logits_for_suffix`), so only the new turn is decoded. To make the prefix
+hold (`backend.logits_for_suffix`), so only the new turn is decoded (in exact mode also
+the last partial prompt chunk and the previous answer: see LlamaBackend's prompt chunks,
+which keep the answer independent of what is cached). To make the prefix
 match exactly, the history is kept as tokens: the previous prompt plus the tokens the model
 generated, followed by the newly rendered text (not a re-tokenisation of the old reply,
 which could split differently).
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .backend import Backend, common_prefix_length, encode_template_text
+from .backend import Backend, encode_template_text
 from .drafters import Drafter, ModelDrafter
 from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
@@ -244,7 +246,7 @@ class ChatSession:
             self.window_start += 1
             dropped += 1
         check_prompt_fits(prompt, n_ctx)
-        reused = common_prefix_length(self.pair.target.cached, prompt)
+        reused = self.pair.target.prompt_reuse(prompt)
         drafter = self._drafter if self.drafting else None
         settings, self.settings = self.settings, replace(self.settings, prediction=())
         generation = Generation(self.pair.target, prompt, settings, drafter=drafter)

@@ -348,7 +348,10 @@ class Generation:
         began = time.perf_counter()
         # One batched decode: the last accepted token plus every draft token, a logit row each.
         rows = logits_for_suffix(
-            self.target, self.prompt + self.tokens + draft.tokens, len(draft.tokens) + 1
+            self.target,
+            self.prompt + self.tokens + draft.tokens,
+            len(draft.tokens) + 1,
+            prompt=self.stats.target_passes == 0,
         )
         sampling = self.settings.sampling
         if sampling.greedy:

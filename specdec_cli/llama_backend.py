@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import VocabInfo
+from .backend import VocabInfo, common_prefix_length
 from .errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 
 try:
@@ -53,6 +53,9 @@ llama_cpp.llama_backend_init()
 # to this many: more than any verification batch (draft limit + 1). See patches/llama.cpp/
 # and "What identical means" in README.md.
 EXACT_BATCH_ROWS = 64
+# Exact mode cuts prompts into chunks of this many tokens at fixed positions (0, 128, ...), so
+# a prompt is computed the same way whatever an earlier request left in the cache.
+PROMPT_CHUNK = 128
 
 
 def _invariance_switch():
@@ -199,6 +202,7 @@ class LlamaBackend:
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
+        self._aligned_prompt_end = 0  # cached prompt chunks up to here: cut at PROMPT_CHUNKs
         self._init_batch()
 
     def _init_batch(self) -> None:
@@ -230,7 +234,7 @@ class LlamaBackend:
 
     # -- the Backend protocol --------------------------------------------------------------
 
-    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         if not 1 <= n_logit_rows <= min(len(tokens), self.n_batch):
             raise ValueError(f"cannot return {n_logit_rows} logit rows for {len(tokens)} tokens")
         if len(self.cached) + len(tokens) > self.n_ctx:
@@ -239,14 +243,16 @@ class LlamaBackend:
                 "Raise --ctx-size or shorten the prompt.",
             )
         tokens = list(tokens)
+        invariant = not prompt and self._needs_invariance(tokens, n_logit_rows)
         if _set_invariant_rows is not None:  # one process-wide switch: set it for each model
-            _set_invariant_rows(
-                EXACT_BATCH_ROWS if self._needs_invariance(tokens, n_logit_rows) else 0
-            )
-        bounds = _chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
-        for start, stop in zip(bounds, bounds[1:], strict=False):
-            is_last = stop == len(tokens)
-            self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
+            _set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
+        if prompt and self.exact:
+            self._decode_prompt_aligned(tokens, n_logit_rows)
+        else:
+            bounds = _chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
+            for start, stop in zip(bounds, bounds[1:], strict=False):
+                is_last = stop == len(tokens)
+                self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
         logits = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(logits, shape=(n_logit_rows, self.n_vocab))
 
@@ -255,6 +261,26 @@ class LlamaBackend:
         must not depend on their batch. A prompt (only its last row wanted) keeps the fast
         kernels: the engine decodes it alone, the same way with or without drafts."""
         return self.exact and len(tokens) == n_logit_rows
+
+    def _decode_prompt_aligned(self, tokens: list[int], n_logit_rows: int) -> None:
+        """Exact mode's prompts. A prompt's keys and logits depend on how it is cut into
+        decodes, so an answer would depend on what an earlier request left cached. Here a
+        prompt is always cut the same way, whatever is cached: into chunks that start at
+        multiples of PROMPT_CHUNK from position 0. Only cached chunks decoded so are kept;
+        the cached tail after the last of them (a partial chunk, generated tokens) is
+        decoded again with the new tokens."""
+        size = min(PROMPT_CHUNK, self.n_batch)
+        base = len(self.cached)
+        start = min(self._aligned_prompt_end, base) // size * size
+        if start < base:
+            tokens = self.cached[start:base] + tokens
+            self.truncate(start)
+        bounds = _aligned_bounds(start, start + len(tokens), size, n_logit_rows)
+        for first, stop in zip(bounds, bounds[1:], strict=False):
+            is_last = stop == bounds[-1]
+            self._decode_chunk(tokens[first - start : stop - start], n_logit_rows if is_last else 0)
+        full_last = bounds[-1] - bounds[-2] == size
+        self._aligned_prompt_end = bounds[-1] if full_last else bounds[-2]
 
     def _decode_chunk(self, chunk: list[int], n_logit_rows: int) -> None:
         n = len(chunk)
@@ -274,10 +300,18 @@ class LlamaBackend:
         self.tokens_decoded += n
         self.decode_calls += 1
 
+    def prompt_reuse(self, prompt: Sequence[int]) -> int:
+        keep = min(common_prefix_length(self.cached, prompt), len(prompt) - 1)
+        if not self.exact:
+            return keep
+        size = min(PROMPT_CHUNK, self.n_batch)  # as _decode_prompt_aligned keeps
+        return min(keep, self._aligned_prompt_end) // size * size
+
     def truncate(self, n_keep: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
             raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")
         del self.cached[n_keep:]
+        self._aligned_prompt_end = min(self._aligned_prompt_end, n_keep)
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
@@ -358,6 +392,17 @@ class LlamaBackend:
             "n_vocab": self.n_vocab,
             "n_ctx": self.n_ctx,
         }
+
+
+def _aligned_bounds(start: int, end: int, size: int, n_last: int) -> list[int]:
+    """Chunk bounds from `start` (a multiple of `size`) to `end` at every multiple of `size`
+    between; a last chunk shorter than `n_last` (the rows whose logits are wanted) joins the
+    one before it. Positions only decide the cuts, so a prompt is cut the same way whatever
+    was cached before `start`."""
+    bounds = [start, *range(start + size, end, size), end]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < n_last:
+        del bounds[-2]
+    return bounds
 
 
 def _chunk_bounds(n_tokens: int, n_batch: int, n_last: int) -> list[int]:

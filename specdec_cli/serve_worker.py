@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import jinja2
 
-from .backend import common_prefix_length, encode_chat
+from .backend import encode_chat
 from .drafters import Drafter
 from .engine import Finished, Generation, GenerationSettings, Piece
 from .errors import SpecdecError
@@ -193,8 +193,7 @@ class Worker:
         if job.prediction:
             predicted = target.tokenize(job.prediction, add_special=False)
             settings = replace(settings, prediction=tuple(predicted))
-        # logits_for_suffix always decodes at least the prompt's last token.
-        cached = min(common_prefix_length(target.cached, prompt), len(prompt) - 1)
+        cached = target.prompt_reuse(prompt)
         job.post(Started(len(prompt), cached))
 
         drafter = self.drafter if settings.draft_max > 0 else None

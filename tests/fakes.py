@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_cli.backend import VocabInfo
+from specdec_cli.backend import VocabInfo, common_prefix_length
 from specdec_cli.drafters import Draft, Drafter, ModelDrafter, Outcome
 from specdec_cli.errors import ModelFileError
 from specdec_cli.sampling import Distribution, SamplingSettings, TokenChooser
@@ -63,7 +63,7 @@ class FakeBackend:
             self._rows[prefix] = row
         return row
 
-    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         if not 1 <= n_logit_rows <= len(tokens):
             raise ValueError(f"asked for {n_logit_rows} rows from a batch of {len(tokens)}")
         if len(self.cached) + len(tokens) > self.n_ctx:
@@ -87,6 +87,9 @@ class FakeBackend:
 
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]
+
+    def prompt_reuse(self, prompt: Sequence[int]) -> int:
+        return min(common_prefix_length(self.cached, prompt), len(prompt) - 1)
 
     def resize_context(self, n_ctx: int) -> None:
         self.n_ctx, self.cached = n_ctx, []
@@ -306,7 +309,7 @@ class TimedBackend(FakeBackend):
         super().__init__(logits_fn, n_vocab, **kwargs)
         self.clock, self.cost = clock, cost
 
-    def decode(self, tokens: Sequence[int], n_logit_rows: int) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         self.clock.advance(self.cost(len(tokens)))
         return super().decode(tokens, n_logit_rows)
 

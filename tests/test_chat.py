@@ -7,20 +7,19 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-pytest.importorskip("llama_cpp")
-
-from specdec_cli.backend import encode_chat, encode_template_text  # noqa: E402
-from specdec_cli.chat import (  # noqa: E402
+from specdec_cli import llama_backend
+from specdec_cli.backend import encode_chat, encode_template_text
+from specdec_cli.chat import (
     ChatSession,
     Command,
     CommandError,
     parse_command,
     user_text,
 )
-from specdec_cli.cli import app  # noqa: E402
-from specdec_cli.engine import Finished, GenerationSettings, Piece  # noqa: E402
-from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError  # noqa: E402
-from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
+from specdec_cli.cli import app
+from specdec_cli.engine import Finished, GenerationSettings, Piece
+from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError
+from specdec_cli.session import HardwareOptions, load_pair
 
 FIRST = "hello there"
 SECOND = "how are you today"
@@ -84,8 +83,14 @@ def run_turn(session: ChatSession, text: str) -> Finished:
     return events[-1]
 
 
-def test_the_second_turn_decodes_only_the_new_tokens(tiny_models):
-    session = new_session(tiny_models)
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+def test_the_second_turn_decodes_only_what_the_cache_cannot_give(tiny_models, monkeypatch, exact):
+    monkeypatch.setattr(llama_backend, "PROMPT_CHUNK", 16)
+    draft = tiny_models.close_drafter
+    hardware = HardwareOptions(ctx_size=4096, threads=1, exact=exact)
+    session = ChatSession(
+        load_pair(tiny_models.target, draft, hardware), GenerationSettings(max_tokens=30)
+    )
     first = run_turn(session, FIRST)
     turn1 = session.records[0]
     history = encode_chat(session.pair.target, session.messages()[:-1]) + first.tokens
@@ -97,11 +102,12 @@ def test_the_second_turn_decodes_only_the_new_tokens(tiny_models):
     list(turn.events())
     record = turn.record
     assert turn.generation.prompt[: len(history)] == history  # the history is kept as tokens
-    # The cache holds all of it except the reply's last token, which -n cut before decoding.
     assert first.finish_reason == "length"
-    assert record.reused_tokens == len(history) - 1
+    if exact:  # the first prompt's whole chunks; its partial chunk and the reply are decoded again
+        assert record.reused_tokens == turn1.prompt_tokens // 16 * 16 > 0
+    else:  # all of it except the reply's last token, which -n cut before decoding
+        assert record.reused_tokens == len(history) - 1
     assert record.target_decoded == record.prompt_tokens - record.reused_tokens
-    assert record.target_decoded < 40 < len(history)
     assert record.drafter_decoded == 0
 
 
@@ -175,7 +181,12 @@ def test_stopping_mid_reply_keeps_the_partial_answer(tiny_models):
     assert session.exchanges[-1].interrupted
     run_turn(session, SECOND)
     record = session.records[-1]
-    assert record.reused_tokens >= session.records[0].prompt_tokens + len(finished.tokens) - 1
+    first_prompt = session.records[0].prompt_tokens
+    assert record.prompt_tokens > first_prompt + len(finished.tokens)  # the partial reply is kept
+    assert (
+        record.reused_tokens
+        == first_prompt // llama_backend.PROMPT_CHUNK * llama_backend.PROMPT_CHUNK
+    )
 
 
 def test_draft_and_temperature_commands(tiny_models):

@@ -21,12 +21,11 @@ import time
 
 import pytest
 
-pytest.importorskip("llama_cpp")
-
-from specdec_cli.backend import encode_template_text  # noqa: E402
-from specdec_cli.chat import ChatSession  # noqa: E402
-from specdec_cli.engine import GenerationSettings, Piece, TokenKind  # noqa: E402
-from specdec_cli.session import HardwareOptions, load_pair  # noqa: E402
+from specdec_cli.backend import encode_template_text
+from specdec_cli.chat import ChatSession
+from specdec_cli.engine import GenerationSettings, Piece, TokenKind
+from specdec_cli.llama_backend import PROMPT_CHUNK
+from specdec_cli.session import HardwareOptions, load_pair
 
 SPECDEC = [sys.executable, "-m", "specdec_cli"]  # works without the console script
 TIMEOUT = 20.0
@@ -193,15 +192,14 @@ def test_two_turns_colours_stats_cache_reuse_and_reset(tiny_models, terminal):
     assert len(turns) == 2
     (_, p1, cached1, r1, _, _), (_, p2, cached2, r2, target2, drafter2) = turns
     assert cached1 == 0
-    # Turn 2's prompt starts with turn 1's prompt and reply, all still in the cache but the
-    # reply's last token (a reply cut by -n ends on a token that was never decoded).
-    assert cached2 == p1 + r1 - 1
+    # Turn 2's prompt starts with turn 1's prompt and reply. Exact mode keeps the whole prompt
+    # chunks turn 1 decoded (none, for a prompt this short) and decodes the rest again, so the
+    # answer does not depend on the cache (tests/test_prompt_cache_independence.py).
+    assert cached2 == p1 // PROMPT_CHUNK * PROMPT_CHUNK
     assert p2 == p1 + r1 + tail_tokens  # the history is kept as tokens
     new = p2 - cached2
-    assert new == tail_tokens + 1
     # The target decoded the new prompt tokens plus, per round, at most draft_max + 1 tokens.
     assert new + r2 <= target2 <= new + r2 * 9
-    assert target2 < p2 + r2  # not the whole history again
 
     t.line("/reset")
     t.expect(b"conversation cleared")
@@ -238,9 +236,12 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_conversation(tiny_models, terminal
     t.line("/stats")
     t.expect(re.compile(rb"turn 2: .*\n"))
     turns = [tuple(map(int, m.groups())) for m in TURN_LINE.finditer(ANSI.sub("", t.since(0)))]
-    (_, p1, _, r1, _, _), (_, _, cached2, _, _, _) = turns
+    (_, p1, _, r1, _, _), (_, p2, cached2, _, _, _) = turns
     assert 0 < r1 < 3000  # stopped well before -n or the context
-    assert cached2 >= p1 + r1 - 1  # the partial reply stayed in the conversation and the cache
+    assert p2 > p1 + r1  # the partial reply stayed in the conversation
+    assert (
+        cached2 == p1 // PROMPT_CHUNK * PROMPT_CHUNK
+    )  # and the first prompt's chunks in the cache
 
     t.expect(PROMPT)
     # Ctrl-C at the prompt leaves. CPython's readline can miss a SIGINT that lands while it
@@ -290,4 +291,3 @@ def test_a_dumb_terminal_gets_no_colour(tiny_models, terminal):
     t.line("/exit")
     assert t.wait() == 0
     assert not re.search(r"\x1b\[(3\d|38;)", t.since(0))
-

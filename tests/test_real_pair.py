@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from test_invariance import (
     EXACT_BATCH_ROWS,
@@ -18,6 +19,7 @@ from test_invariance import (
 )
 from typer.testing import CliRunner
 
+from specdec_cli.backend import logits_for_suffix
 from specdec_cli.bench import load_prompts
 from specdec_cli.cli import app
 from specdec_cli.drafters import ModelDrafter
@@ -72,9 +74,13 @@ def run_json(paths, text: str, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+def test_the_identity_prompts_cover_every_category_of_the_suite():
+    assert {p.category for p in PROMPTS} == {p.category for p in load_prompts()}
+    assert len({p.category for p in PROMPTS}) >= 6
+
+
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p.id for p in PROMPTS])
 def test_run_is_byte_identical_to_the_target_alone(paths, prompt):
-    assert len(PROMPTS) >= 6
     alone = run_json(paths, prompt.text, "--no-draft")
     for mode in ("combined", "ngram"):
         drafted = run_json(paths, prompt.text, "--drafter", mode)
@@ -96,3 +102,33 @@ def test_model_drafts_are_accepted_and_exact(paths):
     plain = generate(None)
     assert speculative.stats.accepted > 0
     assert speculative.tokens == plain.tokens
+
+
+MODULE = "".join(
+    f"def field_{i}(record):\n    return record.get('field_{i}', {i}) * 2 + len(record)\n\n"
+    for i in range(20)
+)
+QUESTIONS = ("Write a unit test for field_3.", "Explain what field_7 returns.")
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast-control"])
+def test_a_prompt_does_not_depend_on_what_the_last_request_left_cached(paths, exact):
+    # as on a server: two requests about one module share a long prefix; the second request's
+    # logits on a warm backend (the first prompt and 12 answer tokens cached) against a fresh one
+    warm = LlamaBackend(paths[0], n_ctx=2048, exact=exact)
+    fresh = LlamaBackend(paths[0], n_ctx=2048, exact=exact)
+    try:
+        first, second = (
+            prompt_tokens(warm, f"{MODULE}\n{question}", system=None, raw=False)
+            for question in QUESTIONS
+        )
+        assert len(first) > 300
+        row = logits_for_suffix(warm, first, 1, prompt=True)[0]
+        for _ in range(12):  # an answer, one token at a time as the target alone decodes it
+            row = warm.decode([int(np.argmax(row))], 1)[0]
+        warm_row = np.array(logits_for_suffix(warm, second, 1, prompt=True)[0])
+        fresh_row = np.array(logits_for_suffix(fresh, second, 1, prompt=True)[0])
+        assert np.array_equal(warm_row, fresh_row) == exact
+    finally:
+        warm.close()
+        fresh.close()

@@ -15,14 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from typer.testing import CliRunner
 
-pytest.importorskip("llama_cpp")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
-
-from specdec_cli.cli import app  # noqa: E402
+from specdec_cli.cli import app
+from specdec_cli.llama_backend import PROMPT_CHUNK
 
 KEY = "test-key"
 CTX = 32768
@@ -207,7 +206,9 @@ def test_completions_endpoint(client):
 
 
 def test_a_conversation_reuses_the_cached_prefix(client):
-    history = [{"role": "user", "content": "the cat sat on the mat"}]
+    # exact mode keeps the whole prompt chunks the first request decoded (the rest, and the
+    # answer, are decoded again: the second answer must not depend on what is cached)
+    history = [{"role": "user", "content": "the cat sat on the mat " * 40}]
     first = client.chat.completions.create(model="target", messages=history, max_tokens=20)
     history += [
         {"role": "assistant", "content": first.choices[0].message.content},
@@ -215,8 +216,8 @@ def test_a_conversation_reuses_the_cached_prefix(client):
     ]
     second = client.chat.completions.create(model="target", messages=history, max_tokens=20)
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached >= first.usage.prompt_tokens  # at least the whole first prompt
-    assert cached < second.usage.prompt_tokens
+    assert first.usage.prompt_tokens > PROMPT_CHUNK
+    assert cached == first.usage.prompt_tokens // PROMPT_CHUNK * PROMPT_CHUNK
 
 
 # ---- raw HTTP: what a client library would refuse to send -----------------------------------
@@ -528,7 +529,8 @@ def real_pair(shared_model_cache) -> tuple[Path, Path]:
 def test_the_real_pair_through_the_openai_client(real_pair):
     """Greedy output byte-identical to `specdec run` with the same settings (both fresh,
     both drafting the same fixed way, so the same decodes run in the same order), a
-    prediction that leaves the answer unchanged, and a second turn that reuses the cache."""
+    prediction that leaves the answer unchanged, and a second turn that keeps the whole prompt
+    chunks of the first in the cache (exact mode)."""
     target, drafter = real_pair
     settings = ("--drafter", "fixed", "--ctx-size", "2048", "-n", "64")
     models = ("--target", str(target), "--draft", str(drafter))
@@ -558,7 +560,7 @@ def test_the_real_pair_through_the_openai_client(real_pair):
         ]
         second = client.chat.completions.create(model=target.stem, messages=follow_up)
         cached = second.usage.prompt_tokens_details.cached_tokens
-        assert cached >= first.usage.prompt_tokens
+        assert cached == first.usage.prompt_tokens // PROMPT_CHUNK * PROMPT_CHUNK  # exact mode
     finally:
         assert server.stop() == 0, "\n".join(server.lines)
     ran = run_json(question, *models, *settings)
