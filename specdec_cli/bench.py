@@ -84,7 +84,9 @@ METHOD = {
     "confidence_interval": f"95% percentile bootstrap, repeats resampled within each prompt, "
     f"{BOOTSTRAP_DRAWS} draws, seed {BOOTSTRAP_SEED}",
     "counts": "drafted, accepted, generated tokens, target passes and seconds are sums over "
-    "the runs in scope; acceptance = accepted / drafted; tokens_per_pass = generated / passes",
+    "the runs in scope; acceptance = accepted / drafted; "
+    "tokens_per_pass = (generated + end_tokens) / passes (end_tokens: end-of-generation "
+    "tokens a pass chose, not in the text; the target alone makes 1.0)",
     "identical": "greedy runs only: the first repeat's tokens against the target alone's",
 }
 
@@ -480,6 +482,7 @@ class Aggregate:
     verify_seconds: float
     draft_lengths: dict[str, int]
     draft_sources: dict[str, int]
+    end_tokens: int = 0  # end-of-generation tokens chosen by a pass (not in the text)
 
     @classmethod
     def of(cls, records: Sequence[RunRecord]) -> Aggregate:
@@ -501,6 +504,7 @@ class Aggregate:
             verify_seconds=total.verify_seconds,
             draft_lengths={str(k): v for k, v in sorted(total.draft_lengths.items())},
             draft_sources=dict(total.draft_sources),
+            end_tokens=total.end_tokens,
         )
 
     @property
@@ -509,7 +513,9 @@ class Aggregate:
 
     @property
     def tokens_per_pass(self) -> float | None:
-        return self.generated / self.target_passes if self.target_passes else None
+        # as GenerationStats counts it: the target alone makes exactly 1.0
+        decided = self.generated + self.end_tokens
+        return decided / self.target_passes if self.target_passes else None
 
     @property
     def other_seconds(self) -> float:
@@ -536,6 +542,7 @@ class Aggregate:
             "accepted": self.accepted,
             "acceptance": _round(self.acceptance, 4),
             "target_passes": self.target_passes,
+            "end_tokens": self.end_tokens,
             "tokens_per_pass": _round(self.tokens_per_pass, 4),
             "draft_seconds": _round(self.draft_seconds, 4),
             "verify_seconds": _round(self.verify_seconds, 4),
