@@ -55,10 +55,12 @@ def test_the_q5_k_target_mixes_q5_K_and_q6_K(tiny_models):
     assert types["blk.0.ffn_down.weight"] == types["blk.0.attn_q.weight"] == "Q5_K"
 
 
-def test_the_q8_0_target_has_its_matrices_in_q8_0(tiny_models):
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tiny_models.q8_0_target).tensors}
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
+def test_the_q8_0_and_q5_0_targets_have_their_matrices_in_that_type(tiny_models, qtype):
+    path = getattr(tiny_models, f"{qtype.lower()}_target")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     for name in ("output.weight", "blk.1.ffn_down.weight", "blk.0.attn_q.weight"):
-        assert types[name] == "Q8_0"
+        assert types[name] == qtype
     assert types["token_embd.weight"] == "F32"
 
 

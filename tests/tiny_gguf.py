@@ -4,7 +4,7 @@ Every model is a 2-layer llama (d_model 64, 4 query heads, `n_head_kv` key/value
 FFN 128, context 512, rope) with random F32 (or F16) weights and a small SentencePiece
 ("llama") vocabulary; the quantised targets (d_model 256, FFN 512: K-quants take rows of 256)
 have their matrices in Q4_K (or Q5_K) and Q6_K as a Q4_K_M (Q5_K_M) file mixes them
-(tests/kquants.py), or in Q8_0 (gguf-py's quantiser):
+(tests/kquants.py), or in Q8_0 or Q5_0 (gguf-py's quantiser):
 
     id 0            <unk>        UNKNOWN
     id 1            <s>          CONTROL  (bos, added by default)
@@ -249,7 +249,7 @@ def write_tiny_llama(
     `dtype` is np.float32 or np.float16 for the matrices (norms stay F32); `quant` writes
     them quantised instead (the token embeddings stay F32): "q4_k_m" as a Q4_K_M file does
     (Q6_K for the output matrix and the last layer's ffn_down, Q4_K for the others), "q5_k_m"
-    the same with Q5_K for Q4_K, "q8_0" all in Q8_0.
+    the same with Q5_K for Q4_K, "q8_0" and "q5_0" all in Q8_0 or Q5_0.
     """
     path = Path(path)
     n_vocab = len(vocab)
@@ -317,6 +317,7 @@ QUANT_FILE_TYPES = {
     "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
     "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
 }
 
 
@@ -324,8 +325,9 @@ def _quantised(
     tname: str, arr: np.ndarray, quant: str, config: TinyConfig
 ) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
     Q = gguf.GGMLQuantizationType
-    if quant == "q8_0":
-        return gguf.quants.quantize(arr, Q.Q8_0), Q.Q8_0
+    if quant in ("q8_0", "q5_0"):
+        qtype = Q.Q8_0 if quant == "q8_0" else Q.Q5_0
+        return gguf.quants.quantize(arr, qtype), qtype
     six_bit = ("output.weight", f"blk.{config.n_layer - 1}.ffn_down.weight")
     if tname in six_bit:
         return quantize_q6_K(arr), Q.Q6_K
@@ -353,6 +355,7 @@ class TinyModels:
     kquant_target: Path  # other seed, d_model 256, FFN 512, Q4_K and Q6_K matrices
     q5_k_target: Path  # the K-quant target's weights in Q5_K and Q6_K
     q8_0_target: Path  # the K-quant target's weights in Q8_0
+    q5_0_target: Path  # the K-quant target's weights in Q5_0
 
 
 def build_tiny_models(directory: str | Path) -> TinyModels:
@@ -430,6 +433,13 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         quant="q8_0",
         name="tiny-q8_0-target",
     )
+    q5_0_target = write_tiny_llama(
+        d / "q5_0_target.gguf",
+        seed=29,
+        config=TinyConfig(n_embd=256, n_ff=512),
+        quant="q5_0",
+        name="tiny-q5_0-target",
+    )
     return TinyModels(
         target,
         close,
@@ -443,4 +453,5 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         kquant_target,
         q5_k_target,
         q8_0_target,
+        q5_0_target,
     )

@@ -1,4 +1,4 @@
-// specdec row-wise kernels for quantised weights (interleaved Q4_K, Q5_K, Q6_K, Q8_0): matrix
+// specdec row-wise kernels for quantised weights (interleaved Q4_K, Q5_K, Q6_K, Q5_0, Q8_0): matrix
 // products of a few activation rows (a verification batch, 1..64 tokens) that are cheap *and*
 // batch-invariant.
 //
@@ -12,7 +12,7 @@
 // the thread count either.
 //
 // The activations are ggml's Q8_K rows (quantize_row_q8_K, one row at a time), or Q8_0 rows
-// for Q8_0 weights. The block layouts below mirror ggml's (ggml-common.h, ggml-cpu/repack.h) byte for byte; the hook in
+// for Q8_0 and Q5_0 weights. The block layouts below mirror ggml's (ggml-common.h, ggml-cpu/repack.h) byte for byte; the hook in
 // ggml (patches/llama.cpp/0002) checks their sizes at compile time.
 //
 // Every function returns false, having written nothing, where this build has no kernel for it
@@ -56,6 +56,14 @@ typedef struct {
     uint8_t qs[SPECDEC_QK_K / 2];
 } specdec_block_q5_K;
 
+// ggml's block_q5_0: 32 weights w = d * (q - 16), q in 0..31: the low 4 bits of weight j in
+// qs[j] (j < 16, low nibble) or qs[j - 16] (high nibble), the fifth in bit j of qh.
+typedef struct {
+    uint16_t d;                     // fp16
+    uint8_t qh[4];
+    uint8_t qs[16];
+} specdec_block_q5_0;
+
 // ggml's block_q8_0: 32 weights (or activations) w = d * q, q in -127..127 as ggml quantises.
 typedef struct {
     uint16_t d;                     // fp16
@@ -89,6 +97,11 @@ bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64
 // As above for Q8_0 weights times Q8_0 activations (ggml's vec_dot_type for Q8_0): n_k is a
 // multiple of 32.
 bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride);
+
+// As above for Q5_0 weights (Q8_0 activations): n_k is a multiple of 32.
+bool specdec_rowwise_q5_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
                           const void * a, size_t a_row_bytes, int64_t n_arows,
                           float * dst, size_t dst_stride);
 

@@ -1,5 +1,5 @@
 // ggml-cpu glue for specdec's row-wise kernels (rowwise.h): the plain-layout weight types (Q5_K,
-// Q6_K, Q8_0), called from ggml_compute_forward_mul_mat (patches/llama.cpp/0002) for a batch-invariant
+// Q6_K, Q5_0, Q8_0), called from ggml_compute_forward_mul_mat (patches/llama.cpp/0002) for a batch-invariant
 // batch once the activations are quantised to the weights' vec_dot_type (Q8_K, Q8_0).
 // (Interleaved Q4_K is called from repack.cpp directly.)
 // Copied into ggml/src/ggml-cpu/specdec/ by scripts/build-llama-cpp-python.sh.
@@ -20,6 +20,8 @@ _Static_assert(sizeof(specdec_block_q4_Kx8) == 8 * sizeof(block_q4_K), "Q4_Kx8 l
 _Static_assert(sizeof(specdec_block_q5_K) == sizeof(block_q5_K), "Q5_K layout");
 _Static_assert(offsetof(specdec_block_q5_K, qh) == offsetof(block_q5_K, qh), "Q5_K layout");
 _Static_assert(offsetof(specdec_block_q5_K, qs) == offsetof(block_q5_K, qs), "Q5_K layout");
+_Static_assert(sizeof(specdec_block_q5_0) == sizeof(block_q5_0), "Q5_0 layout");
+_Static_assert(offsetof(specdec_block_q5_0, qs) == offsetof(block_q5_0, qs), "Q5_0 layout");
 _Static_assert(sizeof(specdec_block_q8_0) == sizeof(block_q8_0), "Q8_0 layout");
 _Static_assert(offsetof(specdec_block_q8_0, qs) == offsetof(block_q8_0, qs), "Q8_0 layout");
 
@@ -37,6 +39,7 @@ bool ggml_cpu_specdec_rowwise_mul_mat(const struct ggml_compute_params * params,
         case GGML_TYPE_Q5_K: kernel = specdec_rowwise_q5_K; activations = GGML_TYPE_Q8_K; break;
         case GGML_TYPE_Q6_K: kernel = specdec_rowwise_q6_K; activations = GGML_TYPE_Q8_K; break;
         case GGML_TYPE_Q8_0: kernel = specdec_rowwise_q8_0; activations = GGML_TYPE_Q8_0; break;
+        case GGML_TYPE_Q5_0: kernel = specdec_rowwise_q5_0; activations = GGML_TYPE_Q8_0; break;
         default: return false;
     }
     if (src1->type != GGML_TYPE_F32 || !plain_2d) {

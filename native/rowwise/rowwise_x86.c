@@ -427,35 +427,61 @@ bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64
     return true;
 }
 
-// ---- Q8_0, one weight row x Q8_0 ----------------------------------------------------------------
+// ---- Q8_0 and Q5_0, one weight row x Q8_0 ---------------------------------------------------------
 //
-// Per block of 32 and activation row, 8 int32 lanes: lane l sums the products of weights and
-// activations 4l..4l + 3 (vpmaddubsw of |w| and a with w's sign, then vpmaddwd with ones; ggml's
-// quantisers keep |q| <= 127, so no int16 pair saturates). Exact, so the AVX-512 kernel's lanes
-// are the same integers.
+// Both are blocks of 32 signed weights with one fp16 scale (Q8_0: -127..127; Q5_0: 4 + 1 bits,
+// -16..15), times Q8_0 activations. Per block and activation row, 8 int32 lanes: lane l sums the
+// products of weights and activations 4l..4l + 3 (vpmaddubsw of |w| and a with w's sign, then
+// vpmaddwd with ones; ggml's quantisers keep |q| <= 127, so no int16 pair saturates). Exact, so
+// the AVX-512 kernel's lanes are the same integers.
 //
 // Float order, per activation row n, over blocks b = 0, 1, ...:
 //   acc[b % 2] = fma(broadcast(d_w[b] * d_a[b]), float(lanes), acc[b % 2])   (from acc = 0)
 // then the result is hsum_fixed(acc[0] + acc[1]). (Two accumulators: the AVX-512 kernel takes
 // blocks in pairs, one per 256-bit half.)
 
-static void q8_0_pass(int64_t nb, const specdec_block_q8_0 * w, const uint8_t * a, size_t a_row_bytes,
-                      int64_t n_arows, float * dst, size_t dst_stride) {
+typedef struct {
+    __m256i q;  // 32 signed weights
+    float d;
+} signed_block;
+
+static inline signed_block q8_0_weights(const void * row, int64_t b) {
+    const specdec_block_q8_0 * block = (const specdec_block_q8_0 *) row + b;
+    return (signed_block) {_mm256_loadu_si256((const __m256i *) block->qs), fp16_to_fp32(block->d)};
+}
+
+// Q5_0: weight j is (low nibble of qs[j], or high nibble of qs[j - 16]) + 16 * bit j of qh, - 16
+static inline signed_block q5_0_weights(const void * row, int64_t b) {
+    const specdec_block_q5_0 * block = (const specdec_block_q5_0 *) row + b;
+    const __m128i qs = _mm_loadu_si128((const __m128i *) block->qs);
+    const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
+    // byte j takes byte j / 8 of qh and keeps bit j % 8 of it
+    const __m256i which_byte = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    const __m256i qh = _mm256_shuffle_epi8(_mm256_set1_epi32(load_i32(block->qh)), which_byte);
+    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(0x10));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles, fifth), _mm256_set1_epi8(16));
+    return (signed_block) {q, fp16_to_fp32(block->d)};
+}
+
+static inline __attribute__((always_inline)) void signed_blocks_pass(
+        signed_block (*weights)(const void *, int64_t), int64_t nb, const void * w, const uint8_t * a,
+        size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
     __m256 acc[AROWS_PER_PASS][2];
     for (int64_t n = 0; n < n_arows; n++) {
         acc[n][0] = _mm256_setzero_ps();
         acc[n][1] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *) w[b].qs);
-        const __m256i q_abs = _mm256_sign_epi8(q, q);
-        const float d_w = fp16_to_fp32(w[b].d);
+        const signed_block wb = weights(w, b);
+        const __m256i q_abs = _mm256_sign_epi8(wb.q, wb.q);
         for (int64_t n = 0; n < n_arows; n++) {
             const specdec_block_q8_0 * y = (const specdec_block_q8_0 *) (a + n * a_row_bytes) + b;
             const __m256i act = _mm256_loadu_si256((const __m256i *) y->qs);
-            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(act, q)),
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(act, wb.q)),
                                                     _mm256_set1_epi16(1));
-            const __m256 scale = _mm256_set1_ps(d_w * fp16_to_fp32(y->d));
+            const __m256 scale = _mm256_set1_ps(wb.d * fp16_to_fp32(y->d));
             acc[n][b & 1] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[n][b & 1]);
         }
     }
@@ -464,21 +490,14 @@ static void q8_0_pass(int64_t nb, const specdec_block_q8_0 * w, const uint8_t * 
     }
 }
 
-bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
-                          const void * a, size_t a_row_bytes, int64_t n_arows,
-                          float * dst, size_t dst_stride) {
-    if (n_k % 32 != 0) {
-        return false;
-    }
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const specdec_block_q8_0 * row = (const specdec_block_q8_0 *) ((const uint8_t *) w + r * w_row_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q8_0_pass(n_k / 32, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                      dst + n0 * dst_stride + r, dst_stride);
-        }
-    }
-    return true;
+static void q8_0_pass(int64_t nb, const void * w, const uint8_t * a, size_t a_row_bytes, int64_t n_arows,
+                      float * dst, size_t dst_stride) {
+    signed_blocks_pass(q8_0_weights, nb, w, a, a_row_bytes, n_arows, dst, dst_stride);
+}
+
+static void q5_0_pass(int64_t nb, const void * w, const uint8_t * a, size_t a_row_bytes, int64_t n_arows,
+                      float * dst, size_t dst_stride) {
+    signed_blocks_pass(q5_0_weights, nb, w, a, a_row_bytes, n_arows, dst, dst_stride);
 }
 
 const char * specdec_rowwise_isa(void) {
@@ -822,26 +841,67 @@ bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64
     return true;
 }
 
-// ---- Q8_0, one weight row x Q8_0, AVX-512 VNNI -----------------------------------------------------
+// ---- Q8_0 and Q5_0, one weight row x Q8_0, AVX-512 VNNI ----------------------------------------------
 //
 // Blocks in pairs, one per 256-bit half: vpdpbusd of |w| and a with w's sign (a masked negation:
 // AVX-512 has no vpsignb) gives the AVX2 kernel's 8 lanes for each block of the pair, and one
 // 512-bit fma adds them into its two accumulators at once (low half: even blocks, high: odd).
-// Float order: that of q8_0_pass (AVX2); a last unpaired block goes to the even accumulator.
+// Float order: that of signed_blocks_pass (AVX2); a last unpaired block goes to the even
+// accumulator.
 
-static inline __m512i load_q8_0_pair(const specdec_block_q8_0 * b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) b[0].qs)),
-                              _mm256_loadu_si256((const __m256i *) b[1].qs), 1);
+typedef struct {
+    __m512i q;  // blocks b (low 256 bits) and b + 1 (high): 64 signed weights
+    __m128 d;   // lanes 0, 1: their scales
+} signed_pair;
+
+static inline __m128 two_fp16(uint16_t first, uint16_t second) {
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int) first | ((int) second << 16)));
 }
 
-// d_w[0] * d_a[0], d_w[1] * d_a[1] in lanes 0, 1
-static inline __m128 q8_0_pair_scales(__m128 d_w, const specdec_block_q8_0 * y) {
-    const int d_a = (int) y[0].d | ((int) y[1].d << 16);
-    return _mm_mul_ps(d_w, _mm_cvtph_ps(_mm_cvtsi32_si128(d_a)));
+static inline signed_pair q8_0_weight_pair(const void * row, int64_t b) {
+    const specdec_block_q8_0 * block = (const specdec_block_q8_0 *) row + b;
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) block[0].qs)),
+                                         _mm256_loadu_si256((const __m256i *) block[1].qs), 1);
+    return (signed_pair) {q, two_fp16(block[0].d, block[1].d)};
 }
 
-static void q8_0_pass512(int64_t nb, const specdec_block_q8_0 * w, const uint8_t * a, size_t a_row_bytes,
-                         int64_t n_arows, float * dst, size_t dst_stride) {
+// Q5_0 as q5_0_weights (AVX2); the two blocks' qh are the 64 bits of a byte mask (adding 16
+// to a nibble sets its fifth bit)
+static inline signed_pair q5_0_weight_pair(const void * row, int64_t b) {
+    const specdec_block_q5_0 * block = (const specdec_block_q5_0 *) row + b;
+    const __m128i qs0 = _mm_loadu_si128((const __m128i *) block[0].qs);
+    const __m128i qs1 = _mm_loadu_si128((const __m128i *) block[1].qs);
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(_mm_srli_epi16(qs0, 4), qs0)),
+                                            _mm256_set_m128i(_mm_srli_epi16(qs1, 4), qs1), 1);
+    const __m512i nibbles = _mm512_and_si512(both, _mm512_set1_epi8(0x0f));
+    const __mmask64 fifth = (__mmask64) (uint32_t) load_i32(block[0].qh) |
+                            ((__mmask64) (uint32_t) load_i32(block[1].qh) << 32);
+    const __m512i q = _mm512_sub_epi8(_mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(0x10)),
+                                      _mm512_set1_epi8(16));
+    return (signed_pair) {q, two_fp16(block[0].d, block[1].d)};
+}
+
+// the last block when the count is odd: the low half of a pair
+static inline signed_pair q8_0_weight_last(const void * row, int64_t b) {
+    const specdec_block_q8_0 * block = (const specdec_block_q8_0 *) row + b;
+    const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) block->qs));
+    return (signed_pair) {q, _mm_set_ss(fp16_to_fp32(block->d))};
+}
+
+static inline signed_pair q5_0_weight_last(const void * row, int64_t b) {
+    const specdec_block_q5_0 * block = (const specdec_block_q5_0 *) row + b;
+    const __m128i qs = _mm_loadu_si128((const __m128i *) block->qs);
+    const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
+    const __mmask32 fifth = (__mmask32) (uint32_t) load_i32(block->qh);
+    const __m256i q = _mm256_sub_epi8(_mm256_mask_add_epi8(nibbles, fifth, nibbles, _mm256_set1_epi8(0x10)),
+                                      _mm256_set1_epi8(16));
+    return (signed_pair) {_mm512_castsi256_si512(q), _mm_set_ss(fp16_to_fp32(block->d))};
+}
+
+static inline __attribute__((always_inline)) void signed_blocks_pass512(
+        signed_pair (*pair_at)(const void *, int64_t), signed_pair (*last_at)(const void *, int64_t),
+        int64_t nb, const void * w, const uint8_t * a, size_t a_row_bytes, int64_t n_arows,
+        float * dst, size_t dst_stride) {
     __m512 acc[AROWS_PER_PASS];
     for (int64_t n = 0; n < n_arows; n++) {
         acc[n] = _mm512_setzero_ps();
@@ -849,55 +909,88 @@ static void q8_0_pass512(int64_t nb, const specdec_block_q8_0 * w, const uint8_t
     const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const __m512i q = load_q8_0_pair(w + b);
-        const __m512i q_abs = _mm512_abs_epi8(q);
-        const __mmask64 negative = _mm512_movepi8_mask(q);
-        const __m128 d_w = _mm_cvtph_ps(_mm_cvtsi32_si128((int) w[b].d | ((int) w[b + 1].d << 16)));
+        const signed_pair wp = pair_at(w, b);
+        const __m512i q_abs = _mm512_abs_epi8(wp.q);
+        const __mmask64 negative = _mm512_movepi8_mask(wp.q);
         for (int64_t n = 0; n < n_arows; n++) {
             const specdec_block_q8_0 * y = (const specdec_block_q8_0 *) (a + n * a_row_bytes) + b;
-            const __m512i act = load_q8_0_pair(y);
+            const __m512i act = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) y[0].qs)),
+                                                   _mm256_loadu_si256((const __m256i *) y[1].qs), 1);
             const __m512i signed_act = _mm512_mask_sub_epi8(act, negative, _mm512_setzero_si512(), act);
             const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_abs, signed_act);
-            const __m512 scale = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(q8_0_pair_scales(d_w, y)));
+            const __m128 scales = _mm_mul_ps(wp.d, two_fp16(y[0].d, y[1].d));
+            const __m512 scale = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(scales));
             acc[n] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[n]);
         }
     }
+    const bool odd = b < nb;
+    signed_pair last = {_mm512_setzero_si512(), _mm_setzero_ps()};
+    if (odd) {
+        last = last_at(w, b);
+    }
     for (int64_t n = 0; n < n_arows; n++) {
         __m256 even = _mm512_castps512_ps256(acc[n]);
-        if (b < nb) {  // the last block, unpaired
+        if (odd) {  // the last block, unpaired
             const specdec_block_q8_0 * y = (const specdec_block_q8_0 *) (a + n * a_row_bytes) + b;
-            const __m256i q = _mm256_loadu_si256((const __m256i *) w[b].qs);
+            const __m256i q = _mm512_castsi512_si256(last.q);
             const __m256i act = _mm256_loadu_si256((const __m256i *) y->qs);
             const __m256i signed_act = _mm256_mask_sub_epi8(act, _mm256_movepi8_mask(q), _mm256_setzero_si256(), act);
             const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(q), signed_act);
-            const __m256 scale = _mm256_set1_ps(fp16_to_fp32(w[b].d) * fp16_to_fp32(y->d));
+            const __m256 scale = _mm256_set1_ps(_mm_cvtss_f32(last.d) * fp16_to_fp32(y->d));
             even = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), even);
         }
         dst[n * dst_stride] = hsum_fixed(_mm256_add_ps(even, _mm512_extractf32x8_ps(acc[n], 1)));
     }
 }
 
-bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
-                          const void * a, size_t a_row_bytes, int64_t n_arows,
-                          float * dst, size_t dst_stride) {
-    if (n_k % 32 != 0) {
-        return false;
-    }
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const specdec_block_q8_0 * row = (const specdec_block_q8_0 *) ((const uint8_t *) w + r * w_row_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q8_0_pass512(n_k / 32, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                         dst + n0 * dst_stride + r, dst_stride);
-        }
-    }
-    return true;
+static void q8_0_pass(int64_t nb, const void * w, const uint8_t * a, size_t a_row_bytes, int64_t n_arows,
+                      float * dst, size_t dst_stride) {
+    signed_blocks_pass512(q8_0_weight_pair, q8_0_weight_last, nb, w, a, a_row_bytes, n_arows, dst, dst_stride);
+}
+
+static void q5_0_pass(int64_t nb, const void * w, const uint8_t * a, size_t a_row_bytes, int64_t n_arows,
+                      float * dst, size_t dst_stride) {
+    signed_blocks_pass512(q5_0_weight_pair, q5_0_weight_last, nb, w, a, a_row_bytes, n_arows, dst, dst_stride);
 }
 
 const char * specdec_rowwise_isa(void) {
     return "avx512_vnni";
 }
 #endif
+
+// ---- entry points of the one-row-at-a-time formats (Q8_0, Q5_0) --------------------------------------
+
+typedef void (*signed_pass_fn)(int64_t, const void *, const uint8_t *, size_t, int64_t, float *, size_t);
+
+static bool signed_blocks_mul(signed_pass_fn pass, int64_t n_k, const void * w, size_t w_row_bytes,
+                              int64_t n_wrows, const void * a, size_t a_row_bytes, int64_t n_arows,
+                              float * dst, size_t dst_stride) {
+    if (n_k % 32 != 0) {
+        return false;
+    }
+    for (int64_t r = 0; r < n_wrows; r++) {
+        const uint8_t * row = (const uint8_t *) w + r * w_row_bytes;
+        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
+            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
+            pass(n_k / 32, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                 dst + n0 * dst_stride + r, dst_stride);
+        }
+    }
+    return true;
+}
+
+bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    return signed_blocks_mul(q8_0_pass, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst, dst_stride);
+}
+
+bool specdec_rowwise_q5_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    return signed_blocks_mul(q5_0_pass, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst, dst_stride);
+}
+
 
 #else  // no kernel for this instruction set: callers keep llama.cpp's one-row path
 
@@ -926,6 +1019,14 @@ bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64
 }
 
 bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    (void) n_k; (void) w; (void) w_row_bytes; (void) n_wrows;
+    (void) a; (void) a_row_bytes; (void) n_arows; (void) dst; (void) dst_stride;
+    return false;
+}
+
+bool specdec_rowwise_q5_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
                           const void * a, size_t a_row_bytes, int64_t n_arows,
                           float * dst, size_t dst_stride) {
     (void) n_k; (void) w; (void) w_row_bytes; (void) n_wrows;

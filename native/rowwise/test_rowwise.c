@@ -181,6 +181,23 @@ static void random_q8_0(specdec_block_q8_0 * b, int n_blocks) {
     }
 }
 
+// ---- Q5_0: random bytes are valid blocks, given a valid fp16 scale ------------------------------------
+
+static void random_q5_0(specdec_block_q5_0 * b, int n_blocks) {
+    for (int i = 0; i < n_blocks; i++) {
+        b[i].d = to_fp16(rnd_float(0.0005f, 0.05f));
+        for (int k = 0; k < 4; k++) b[i].qh[k] = (uint8_t) rnd();
+        for (int k = 0; k < 16; k++) b[i].qs[k] = (uint8_t) rnd();
+    }
+}
+
+// dequantize_row_q5_0's formula, one weight at a time
+static double q5_0_weight(const specdec_block_q5_0 * b, int j) {
+    const int low = j < 16 ? b->qs[j] & 0xF : b->qs[j - 16] >> 4;
+    const int high = (b->qh[j / 8] >> (j % 8)) & 1;
+    return from_fp16(b->d) * ((low | (high << 4)) - 16);
+}
+
 // ---- the checks --------------------------------------------------------------------------------------
 
 enum { N_K = 1024, NB = N_K / SPECDEC_QK_K, N_WROWS = 32, MAX_AROWS = 70 };
@@ -257,23 +274,56 @@ static void invariance_check(const matrix * m) {
     check(same, what);
 }
 
+// Q8_0 and Q5_0 take blocks in pairs: a row of an odd number of blocks ends on a lone one
+static void odd_blocks_check(const matrix * m) {
+    const int n_k = N_K - 32, n_arows = 9;
+    static float alone[MAX_AROWS * N_WROWS], batch[MAX_AROWS * N_WROWS];
+    for (int n = 0; n < n_arows; n++) {
+        m->kernel(n_k, m->w, m->w_stride, N_WROWS, (const uint8_t *) m->acts + n * m->act_row_bytes,
+                  m->act_row_bytes, 1, alone + n * N_WROWS, N_WROWS);
+    }
+    m->kernel(n_k, m->w, m->w_stride, N_WROWS, m->acts, m->act_row_bytes, n_arows, batch, N_WROWS);
+    double worst = 0;
+    for (int n = 0; n < n_arows; n++) {
+        for (int r = 0; r < N_WROWS; r++) {
+            double ref = 0, magnitude = 0;
+            for (int k = 0; k < n_k; k++) {
+                const double term = m->value(m->w, r, k) * m->act_value(n, k);
+                ref += term;
+                magnitude += fabs(term);
+            }
+            const double error = fabs(batch[n * N_WROWS + r] - ref) / magnitude;
+            worst = error > worst ? error : worst;
+        }
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s: an odd number of blocks, bitwise alone and together, error %.2e", m->name, worst);
+    check(worst <= 1e-5 && memcmp(alone, batch, sizeof(float) * N_WROWS * n_arows) == 0, what);
+}
+
 static q4_K_params q4_rows[N_WROWS][NB];
 static specdec_block_q4_Kx8 q4_packed[N_WROWS / 8][NB];
 static specdec_block_q6_K q6_rows[N_WROWS][NB];
 static specdec_block_q8_0 q8_0_rows[N_WROWS][N_K / 32];
 static specdec_block_q5_K q5_rows[N_WROWS][NB];
+static specdec_block_q5_0 q5_0_rows[N_WROWS][N_K / 32];
 
 static double q4_value(const void * w, int row, int k) { (void) w; return q4_K_value(&q4_rows[row][k / SPECDEC_QK_K], k % SPECDEC_QK_K); }
 static double q6_value(const void * w, int row, int k) { return q6_K_value(((const specdec_block_q6_K (*)[NB]) w)[row], k); }
 static double q5_value(const void * w, int row, int k) { return q5_K_value(((const specdec_block_q5_K (*)[NB]) w)[row], k); }
+static double q5_0_value(const void * w, int row, int k) {
+    (void) w;
+    return q5_0_weight(&q5_0_rows[row][k / 32], k % 32);
+}
 static double q8_0_value(const void * w, int row, int k) {
     (void) w;
     return from_fp16(q8_0_rows[row][k / 32].d) * q8_0_rows[row][k / 32].qs[k % 32];
 }
 
-static void build_matrices(matrix * q4, matrix * q5, matrix * q6, matrix * q8) {
+static void build_matrices(matrix * q4, matrix * q5, matrix * q6, matrix * q8, matrix * q5_0) {
     for (int r = 0; r < N_WROWS; r++) {
         random_q8_0(q8_0_rows[r], N_K / 32);
+        random_q5_0(q5_0_rows[r], N_K / 32);
         for (int i = 0; i < NB; i++) {
             random_q4_K_params(&q4_rows[r][i]);
             random_q6_K(&q6_rows[r][i]);
@@ -294,21 +344,26 @@ static void build_matrices(matrix * q4, matrix * q5, matrix * q6, matrix * q8) {
     *q4 = (matrix) {"q4_Kx8", specdec_rowwise_q4_Kx8, q4_packed, sizeof q4_packed[0], 8, q4_value, acts, sizeof acts[0], q8_K_act};
     *q5 = (matrix) {"q5_K", specdec_rowwise_q5_K, q5_rows, sizeof q5_rows[0], 1, q5_value, acts, sizeof acts[0], q8_K_act};
     *q6 = (matrix) {"q6_K", specdec_rowwise_q6_K, q6_rows, sizeof q6_rows[0], 1, q6_value, acts, sizeof acts[0], q8_K_act};
+    *q5_0 = (matrix) {"q5_0", specdec_rowwise_q5_0, q5_0_rows, sizeof q5_0_rows[0], 1, q5_0_value, acts_q8_0, sizeof acts_q8_0[0], q8_0_act};
     *q8 = (matrix) {"q8_0", specdec_rowwise_q8_0, q8_0_rows, sizeof q8_0_rows[0], 1, q8_0_value, acts_q8_0, sizeof acts_q8_0[0], q8_0_act};
 }
 
 // ---- digest: the bits of products of every batch size, hashed (FNV-1a), to compare builds -------
 
-static uint64_t digest(const matrix * m, uint64_t hash) {
+static uint64_t digest_k(const matrix * m, int n_k, uint64_t hash) {
     static float out[MAX_AROWS * N_WROWS];
     for (int n_arows = 1; n_arows <= MAX_AROWS; n_arows++) {
-        m->kernel(N_K, m->w, m->w_stride, N_WROWS, m->acts, m->act_row_bytes, n_arows, out, N_WROWS);
+        m->kernel(n_k, m->w, m->w_stride, N_WROWS, m->acts, m->act_row_bytes, n_arows, out, N_WROWS);
         const uint8_t * bytes = (const uint8_t *) out;
         for (size_t i = 0; i < sizeof(float) * N_WROWS * n_arows; i++) {
             hash = (hash ^ bytes[i]) * 0x100000001B3ull;
         }
     }
     return hash;
+}
+
+static uint64_t digest(const matrix * m, uint64_t hash) {
+    return digest_k(m, N_K, hash);
 }
 
 // ---- microbenchmark: one weight matrix of the default target's shapes, one thread -------------------
@@ -357,18 +412,19 @@ static void bench(kernel_fn kernel, const char * name, size_t block_bytes, int b
 }
 
 int main(int argc, char ** argv) {
-    matrix q4, q5, q6, q8;
-    build_matrices(&q4, &q5, &q6, &q8);
+    matrix q4, q5, q6, q8, q5_0;
+    build_matrices(&q4, &q5, &q6, &q8, &q5_0);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) {
         printf("row-wise kernels: %s\n", specdec_rowwise_isa());
         bench(specdec_rowwise_q4_Kx8, "q4_Kx8", sizeof(specdec_block_q4_Kx8), SPECDEC_QK_K, 8, 8960, 1536, false);
         bench(specdec_rowwise_q5_K, "q5_K", sizeof(specdec_block_q5_K), SPECDEC_QK_K, 1, 8960, 1536, false);
         bench(specdec_rowwise_q6_K, "q6_K", sizeof(specdec_block_q6_K), SPECDEC_QK_K, 1, 151936 / 4, 1536, false);
         bench(specdec_rowwise_q8_0, "q8_0", sizeof(specdec_block_q8_0), 32, 1, 8960, 1536, true);
+        bench(specdec_rowwise_q5_0, "q5_0", sizeof(specdec_block_q5_0), 32, 1, 8960, 1536, true);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "digest") == 0) {
-        printf("digest %016llx\n", (unsigned long long) digest(&q8, digest(&q6, digest(&q5, digest(&q4, 0xCBF29CE484222325ull)))));
+        printf("digest %016llx\n", (unsigned long long) digest_k(&q5_0, N_K - 32, digest_k(&q8, N_K - 32, digest(&q5_0, digest(&q8, digest(&q6, digest(&q5, digest(&q4, 0xCBF29CE484222325ull))))))));
         return 0;
     }
     printf("row-wise kernels: %s\n", specdec_rowwise_isa());
@@ -380,6 +436,8 @@ int main(int argc, char ** argv) {
               "without a kernel, q6_K declines");
         check(!specdec_rowwise_q5_K(N_K, q5_rows, sizeof q5_rows[0], 1, acts, sizeof acts[0], 1, out, 1),
               "without a kernel, q5_K declines");
+        check(!specdec_rowwise_q5_0(N_K, q5_0_rows, sizeof q5_0_rows[0], 1, acts_q8_0, sizeof acts_q8_0[0], 1, out, 1),
+              "without a kernel, q5_0 declines");
         check(!specdec_rowwise_q8_0(N_K, q8_0_rows, sizeof q8_0_rows[0], 1, acts_q8_0, sizeof acts_q8_0[0], 1, out, 1),
               "without a kernel, q8_0 declines");
     } else {
@@ -387,6 +445,9 @@ int main(int argc, char ** argv) {
         invariance_check(&q5);
         invariance_check(&q6);
         invariance_check(&q8);
+        invariance_check(&q5_0);
+        odd_blocks_check(&q8);
+        odd_blocks_check(&q5_0);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
