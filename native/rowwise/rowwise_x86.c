@@ -187,8 +187,9 @@ static inline __attribute__((always_inline)) void dot_q4_Kx8_block(
 // Float order, per activation row n and weight row r (lane r), over super-blocks i = 0, 1, ...:
 //   acc = fma(d[r] * d_a, float(sumi), acc); acc = acc - (dmin[r] * d_a) * float(summ)  (fnmadd)
 // starting from acc = 0; acc is the result.
-static void q4_Kx8_pass(int64_t nb, const specdec_block_q4_Kx8 * w, const uint8_t * a,
+static void q4_Kx8_pass(int64_t nb, const void * weights, const uint8_t * a,
                         size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+    const specdec_block_q4_Kx8 * w = weights;
     __m256 acc[AROWS_PER_PASS];
     q4_Kx8_unpacked u;
     for (int64_t n = 0; n < n_arows; n++) {
@@ -216,24 +217,6 @@ static void q4_Kx8_pass(int64_t nb, const specdec_block_q4_Kx8 * w, const uint8_
     for (int64_t n = 0; n < n_arows; n++) {
         _mm256_storeu_ps(dst + n * dst_stride, acc[n]);
     }
-}
-
-bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, int64_t n_wrows,
-                            const void * a, size_t a_row_bytes, int64_t n_arows,
-                            float * dst, size_t dst_stride) {
-    if (n_k % SPECDEC_QK_K != 0 || n_wrows % 8 != 0) {
-        return false;
-    }
-    const int64_t nb = n_k / SPECDEC_QK_K;
-    for (int64_t g = 0; g < n_wrows / 8; g++) {
-        const specdec_block_q4_Kx8 * rows = (const specdec_block_q4_Kx8 *) ((const uint8_t *) w + g * w_group_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q4_Kx8_pass(nb, rows, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                        dst + n0 * dst_stride + 8 * g, dst_stride);
-        }
-    }
-    return true;
 }
 
 // ---- Q6_K, one weight row x Q8_K ----------------------------------------------------------------
@@ -285,8 +268,9 @@ static inline __attribute__((always_inline)) __m256i dot_q6_K_block(const q6_K_u
 // Float order, per activation row n and the weight row, over super-blocks i = 0, 1, ...:
 //   acc = fma(broadcast(d * d_a), float(lanes), acc)   (8 lanes, from acc = 0)
 // then the result is hsum_fixed(acc).
-static void q6_K_pass(int64_t nb, const specdec_block_q6_K * w, const uint8_t * a,
+static void q6_K_pass(int64_t nb, const void * weights, const uint8_t * a,
                       size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+    const specdec_block_q6_K * w = weights;
     __m256 acc[AROWS_PER_PASS];
     q6_K_unpacked u;
     for (int64_t n = 0; n < n_arows; n++) {
@@ -314,24 +298,6 @@ static void q6_K_pass(int64_t nb, const specdec_block_q6_K * w, const uint8_t * 
     for (int64_t n = 0; n < n_arows; n++) {
         dst[n * dst_stride] = hsum_fixed(acc[n]);
     }
-}
-
-bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
-                          const void * a, size_t a_row_bytes, int64_t n_arows,
-                          float * dst, size_t dst_stride) {
-    if (n_k % SPECDEC_QK_K != 0) {
-        return false;
-    }
-    const int64_t nb = n_k / SPECDEC_QK_K;
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const specdec_block_q6_K * row = (const specdec_block_q6_K *) ((const uint8_t *) w + r * w_row_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q6_K_pass(nb, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                      dst + n0 * dst_stride + r, dst_stride);
-        }
-    }
-    return true;
 }
 
 // ---- Q5_K, one weight row x Q8_K ----------------------------------------------------------------
@@ -388,8 +354,9 @@ static inline __attribute__((always_inline)) void dot_q5_K_block(const q5_K_unpa
     *summ = _mm256_madd_epi16(u->mins, _mm256_loadu_si256((const __m256i *) y->bsums));
 }
 
-static void q5_K_pass(int64_t nb, const specdec_block_q5_K * w, const uint8_t * a, size_t a_row_bytes,
+static void q5_K_pass(int64_t nb, const void * weights, const uint8_t * a, size_t a_row_bytes,
                       int64_t n_arows, float * dst, size_t dst_stride) {
+    const specdec_block_q5_K * w = weights;
     __m256 acc[AROWS_PER_PASS];
     for (int64_t n = 0; n < n_arows; n++) {
         acc[n] = _mm256_setzero_ps();
@@ -408,23 +375,6 @@ static void q5_K_pass(int64_t nb, const specdec_block_q5_K * w, const uint8_t * 
     for (int64_t n = 0; n < n_arows; n++) {
         dst[n * dst_stride] = hsum_fixed(acc[n]);
     }
-}
-
-bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
-                          const void * a, size_t a_row_bytes, int64_t n_arows,
-                          float * dst, size_t dst_stride) {
-    if (n_k % SPECDEC_QK_K != 0) {
-        return false;
-    }
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const specdec_block_q5_K * row = (const specdec_block_q5_K *) ((const uint8_t *) w + r * w_row_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q5_K_pass(n_k / SPECDEC_QK_K, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                      dst + n0 * dst_stride + r, dst_stride);
-        }
-    }
-    return true;
 }
 
 // ---- Q8_0 and Q5_0, one weight row x Q8_0 ---------------------------------------------------------
@@ -622,8 +572,9 @@ static inline __attribute__((always_inline)) void q4_Kx8_tile512(
 // Float order, per activation row n and weight row r (lane r), over super-blocks i = 0, 1, ...:
 //   acc = fma(d[r] * d_a, float(sumi), acc); acc = acc - (dmin[r] * d_a) * float(summ)  (fnmadd)
 // starting from acc = 0; acc is the result. The same as the AVX2 kernel, on the same integers.
-static void q4_Kx8_pass512(int64_t nb, const specdec_block_q4_Kx8 * w, const uint8_t * a,
-                           size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+static void q4_Kx8_pass(int64_t nb, const void * weights, const uint8_t * a,
+                        size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+    const specdec_block_q4_Kx8 * w = weights;
     __m256 acc[AROWS_PER_PASS];
     for (int64_t n = 0; n < n_arows; n++) {
         acc[n] = _mm256_setzero_ps();
@@ -646,24 +597,6 @@ static void q4_Kx8_pass512(int64_t nb, const specdec_block_q4_Kx8 * w, const uin
     for (int64_t n = 0; n < n_arows; n++) {
         _mm256_storeu_ps(dst + n * dst_stride, acc[n]);
     }
-}
-
-bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, int64_t n_wrows,
-                            const void * a, size_t a_row_bytes, int64_t n_arows,
-                            float * dst, size_t dst_stride) {
-    if (n_k % SPECDEC_QK_K != 0 || n_wrows % 8 != 0) {
-        return false;
-    }
-    const int64_t nb = n_k / SPECDEC_QK_K;
-    for (int64_t g = 0; g < n_wrows / 8; g++) {
-        const specdec_block_q4_Kx8 * rows = (const specdec_block_q4_Kx8 *) ((const uint8_t *) w + g * w_group_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q4_Kx8_pass512(nb, rows, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                           dst + n0 * dst_stride + 8 * g, dst_stride);
-        }
-    }
-    return true;
 }
 
 // ---- Q6_K, one weight row x Q8_K, AVX-512 VNNI ---------------------------------------------------
@@ -723,8 +656,9 @@ static inline __attribute__((always_inline)) __m256i dot_q6_K_block512(const q6_
 // Float order: that of q6_K_pass (AVX2), per activation row n, over super-blocks i = 0, 1, ...:
 //   acc = fma(broadcast(d * d_a), float(lanes), acc)   (8 lanes, from acc = 0)
 // then the result is hsum_fixed(acc).
-static void q6_K_pass512(int64_t nb, const specdec_block_q6_K * w, const uint8_t * a,
-                         size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+static void q6_K_pass(int64_t nb, const void * weights, const uint8_t * a,
+                      size_t a_row_bytes, int64_t n_arows, float * dst, size_t dst_stride) {
+    const specdec_block_q6_K * w = weights;
     __m256 acc[AROWS_PER_PASS];
     for (int64_t n = 0; n < n_arows; n++) {
         acc[n] = _mm256_setzero_ps();
@@ -741,24 +675,6 @@ static void q6_K_pass512(int64_t nb, const specdec_block_q6_K * w, const uint8_t
     for (int64_t n = 0; n < n_arows; n++) {
         dst[n * dst_stride] = hsum_fixed(acc[n]);
     }
-}
-
-bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
-                          const void * a, size_t a_row_bytes, int64_t n_arows,
-                          float * dst, size_t dst_stride) {
-    if (n_k % SPECDEC_QK_K != 0) {
-        return false;
-    }
-    const int64_t nb = n_k / SPECDEC_QK_K;
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const specdec_block_q6_K * row = (const specdec_block_q6_K *) ((const uint8_t *) w + r * w_row_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q6_K_pass512(nb, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                         dst + n0 * dst_stride + r, dst_stride);
-        }
-    }
-    return true;
 }
 
 // ---- Q5_K, one weight row x Q8_K, AVX-512 VNNI ---------------------------------------------------
@@ -797,8 +713,9 @@ static inline __attribute__((always_inline)) void unpack_q5_K512(const specdec_b
     u->dmin = fp16_to_fp32(b->dmin);
 }
 
-static void q5_K_pass512(int64_t nb, const specdec_block_q5_K * w, const uint8_t * a, size_t a_row_bytes,
-                         int64_t n_arows, float * dst, size_t dst_stride) {
+static void q5_K_pass(int64_t nb, const void * weights, const uint8_t * a, size_t a_row_bytes,
+                      int64_t n_arows, float * dst, size_t dst_stride) {
+    const specdec_block_q5_K * w = weights;
     __m256 acc[AROWS_PER_PASS];
     for (int64_t n = 0; n < n_arows; n++) {
         acc[n] = _mm256_setzero_ps();
@@ -822,23 +739,6 @@ static void q5_K_pass512(int64_t nb, const specdec_block_q5_K * w, const uint8_t
     for (int64_t n = 0; n < n_arows; n++) {
         dst[n * dst_stride] = hsum_fixed(acc[n]);
     }
-}
-
-bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
-                          const void * a, size_t a_row_bytes, int64_t n_arows,
-                          float * dst, size_t dst_stride) {
-    if (n_k % SPECDEC_QK_K != 0) {
-        return false;
-    }
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const specdec_block_q5_K * row = (const specdec_block_q5_K *) ((const uint8_t *) w + r * w_row_bytes);
-        for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
-            const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            q5_K_pass512(n_k / SPECDEC_QK_K, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                         dst + n0 * dst_stride + r, dst_stride);
-        }
-    }
-    return true;
 }
 
 // ---- Q8_0 and Q5_0, one weight row x Q8_0, AVX-512 VNNI ----------------------------------------------
@@ -958,39 +858,61 @@ const char * specdec_rowwise_isa(void) {
 }
 #endif
 
-// ---- entry points of the one-row-at-a-time formats (Q8_0, Q5_0) --------------------------------------
+// ---- entry points: each instruction set above defines the passes ------------------------------------
 
-typedef void (*signed_pass_fn)(int64_t, const void *, const uint8_t *, size_t, int64_t, float *, size_t);
+typedef void (*pass_fn)(int64_t, const void *, const uint8_t *, size_t, int64_t, float *, size_t);
 
-static bool signed_blocks_mul(signed_pass_fn pass, int64_t n_k, const void * w, size_t w_row_bytes,
-                              int64_t n_wrows, const void * a, size_t a_row_bytes, int64_t n_arows,
-                              float * dst, size_t dst_stride) {
-    if (n_k % 32 != 0) {
+// The weight rows (or groups of rows_per_unit interleaved rows) one after the other, each against
+// the activation rows in passes of at most AROWS_PER_PASS.
+static bool rows_mul(pass_fn pass, int64_t block_k, int64_t rows_per_unit, int64_t n_k, const void * w,
+                     size_t w_unit_bytes, int64_t n_wrows, const void * a, size_t a_row_bytes, int64_t n_arows,
+                     float * dst, size_t dst_stride) {
+    if (n_k % block_k != 0 || n_wrows % rows_per_unit != 0) {
         return false;
     }
-    for (int64_t r = 0; r < n_wrows; r++) {
-        const uint8_t * row = (const uint8_t *) w + r * w_row_bytes;
+    for (int64_t u = 0; u < n_wrows / rows_per_unit; u++) {
+        const uint8_t * unit = (const uint8_t *) w + u * w_unit_bytes;
         for (int64_t n0 = 0; n0 < n_arows; n0 += AROWS_PER_PASS) {
             const int64_t count = n_arows - n0 < AROWS_PER_PASS ? n_arows - n0 : AROWS_PER_PASS;
-            pass(n_k / 32, row, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
-                 dst + n0 * dst_stride + r, dst_stride);
+            pass(n_k / block_k, unit, (const uint8_t *) a + n0 * a_row_bytes, a_row_bytes, count,
+                 dst + n0 * dst_stride + u * rows_per_unit, dst_stride);
         }
     }
     return true;
 }
 
+bool specdec_rowwise_q4_Kx8(int64_t n_k, const void * w, size_t w_group_bytes, int64_t n_wrows,
+                            const void * a, size_t a_row_bytes, int64_t n_arows,
+                            float * dst, size_t dst_stride) {
+    return rows_mul(q4_Kx8_pass, SPECDEC_QK_K, 8, n_k, w, w_group_bytes, n_wrows, a, a_row_bytes, n_arows, dst,
+                    dst_stride);
+}
+
+bool specdec_rowwise_q5_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    return rows_mul(q5_K_pass, SPECDEC_QK_K, 1, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst,
+                    dst_stride);
+}
+
+bool specdec_rowwise_q6_K(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
+                          const void * a, size_t a_row_bytes, int64_t n_arows,
+                          float * dst, size_t dst_stride) {
+    return rows_mul(q6_K_pass, SPECDEC_QK_K, 1, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst,
+                    dst_stride);
+}
+
 bool specdec_rowwise_q8_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
                           const void * a, size_t a_row_bytes, int64_t n_arows,
                           float * dst, size_t dst_stride) {
-    return signed_blocks_mul(q8_0_pass, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst, dst_stride);
+    return rows_mul(q8_0_pass, 32, 1, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst, dst_stride);
 }
 
 bool specdec_rowwise_q5_0(int64_t n_k, const void * w, size_t w_row_bytes, int64_t n_wrows,
                           const void * a, size_t a_row_bytes, int64_t n_arows,
                           float * dst, size_t dst_stride) {
-    return signed_blocks_mul(q5_0_pass, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst, dst_stride);
+    return rows_mul(q5_0_pass, 32, 1, n_k, w, w_row_bytes, n_wrows, a, a_row_bytes, n_arows, dst, dst_stride);
 }
-
 
 #else  // no kernel for this instruction set: callers keep llama.cpp's one-row path
 
