@@ -337,6 +337,13 @@ def _quantised(
 
 
 TARGET_SEED = 0
+# the quantised targets, in TinyModels' field order: file name -> `quant`
+QUANTISED = {
+    "kquant_target": "q4_k_m",
+    "q5_k_target": "q5_k_m",
+    "q8_0_target": "q8_0",
+    "q5_0_target": "q5_0",
+}
 CLOSE_DRAFTER_NOISE = 0.02
 SOFT_LOGIT_SCALE = 4.0
 
@@ -412,34 +419,16 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         chat_template=False,
         name="tiny-soft-drafter",
     )
-    kquant_target = write_tiny_llama(
-        d / "kquant_target.gguf",
-        seed=29,
-        config=TinyConfig(n_embd=256, n_ff=512),
-        quant="q4_k_m",
-        name="tiny-kquant-target",
-    )
-    q5_k_target = write_tiny_llama(
-        d / "q5_k_target.gguf",
-        seed=29,
-        config=TinyConfig(n_embd=256, n_ff=512),
-        quant="q5_k_m",
-        name="tiny-q5_k-target",
-    )
-    q8_0_target = write_tiny_llama(
-        d / "q8_0_target.gguf",
-        seed=29,
-        config=TinyConfig(n_embd=256, n_ff=512),
-        quant="q8_0",
-        name="tiny-q8_0-target",
-    )
-    q5_0_target = write_tiny_llama(
-        d / "q5_0_target.gguf",
-        seed=29,
-        config=TinyConfig(n_embd=256, n_ff=512),
-        quant="q5_0",
-        name="tiny-q5_0-target",
-    )
+    quantised = {  # one seed, rows of 256: the row-wise kernels' block sizes
+        name: write_tiny_llama(
+            d / f"{name}.gguf",
+            seed=29,
+            config=TinyConfig(n_embd=256, n_ff=512),
+            quant=quant,
+            name=f"tiny-{name}",
+        )
+        for name, quant in QUANTISED.items()
+    }
     return TinyModels(
         target,
         close,
@@ -450,8 +439,5 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         gqa,
         soft_target,
         soft_drafter,
-        kquant_target,
-        q5_k_target,
-        q8_0_target,
-        q5_0_target,
+        *quantised.values(),
     )
