@@ -59,7 +59,8 @@ static inline float hsum_fixed(__m256 x) {
 }
 
 // The 8 sub-block scales (bytes 0-7) and mins (bytes 8-15) of a block_q4_K or block_q5_K, from
-// their 12 packed bytes (ggml's get_scale_min_k4, four at a time).
+// their 12 packed bytes (ggml's get_scale_min_k4, four at a time). block_q4_Kx8 packs the 8
+// rows' scales and mins of one sub-block the same way, rows in place of sub-blocks.
 static inline __m128i scales_and_mins_k4(const uint8_t * packed) {
     const uint32_t w0 = (uint32_t) load_i32(packed);
     const uint32_t w1 = (uint32_t) load_i32(packed + 4);
@@ -103,14 +104,7 @@ static void unpack_q4_Kx8_scales(const specdec_block_q4_Kx8 * b, q4_Kx8_unpacked
     const __m128i rows_4_7 = _mm_setr_epi8(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
     const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     for (int j = 0; j < 8; j++) {
-        const uint32_t w0 = (uint32_t) load_i32(b->scales + 12 * j);
-        const uint32_t w1 = (uint32_t) load_i32(b->scales + 12 * j + 4);
-        const uint32_t w2 = (uint32_t) load_i32(b->scales + 12 * j + 8);
-        const uint32_t s03 = w0 & 0x3f3f3f3f;
-        const uint32_t m03 = w1 & 0x3f3f3f3f;
-        const uint32_t s47 = (w2 & 0x0f0f0f0f) | ((w0 >> 2) & 0x30303030);
-        const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0f) | ((w1 >> 2) & 0x30303030);
-        const __m128i sm = _mm_setr_epi32((int) s03, (int) s47, (int) m03, (int) m47);
+        const __m128i sm = scales_and_mins_k4(b->scales + 12 * j);  // rows 0..7: scales, mins
         u->scales[j][0] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, rows_0_3));
         u->scales[j][1] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, rows_4_7));
         u->mins[j] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, min_pairs));
@@ -479,20 +473,11 @@ typedef struct {
 } q4_Kx8_scales512;
 
 static void unpack_q4_Kx8_scales512(const specdec_block_q4_Kx8 * b, q4_Kx8_scales512 * u) {
-    // the 12 bytes of sub-block j as in unpack_q4_Kx8_scales (AVX2): here, 8 scale bytes and 8
-    // min bytes for rows 0..7
-    __m128i mins[8];
+    __m128i mins[8];  // sub-block j's 8 min bytes (rows 0..7) in the low 8 bytes
     for (int j = 0; j < 8; j++) {
-        const uint32_t w0 = (uint32_t) load_i32(b->scales + 12 * j);
-        const uint32_t w1 = (uint32_t) load_i32(b->scales + 12 * j + 4);
-        const uint32_t w2 = (uint32_t) load_i32(b->scales + 12 * j + 8);
-        const uint32_t s03 = w0 & 0x3f3f3f3f;
-        const uint32_t m03 = w1 & 0x3f3f3f3f;
-        const uint32_t s47 = (w2 & 0x0f0f0f0f) | ((w0 >> 2) & 0x30303030);
-        const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0f) | ((w1 >> 2) & 0x30303030);
-        const __m128i scales = _mm_setr_epi32((int) s03, (int) s47, 0, 0);
-        mins[j] = _mm_setr_epi32((int) m03, (int) m47, 0, 0);
-        u->scales[j] = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(scales, scales));
+        const __m128i sm = scales_and_mins_k4(b->scales + 12 * j);  // rows 0..7: scales, mins
+        mins[j] = _mm_srli_si128(sm, 8);
+        u->scales[j] = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sm, sm));
     }
     for (int q = 0; q < 4; q++) {
         const __m512i m = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(mins[2 * q], mins[2 * q + 1]));
