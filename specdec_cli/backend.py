@@ -116,6 +116,12 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return int(mismatches[0]) if mismatches.size else n
 
 
+def kept_prefix(cached: Sequence[int], tokens: Sequence[int], n_rows: int) -> int:
+    """How much of a cache holding `cached` serves `tokens` when logits are wanted for its last
+    `n_rows`: the common prefix, short of those rows (they must be decoded)."""
+    return min(common_prefix_length(cached, tokens), len(tokens) - n_rows)
+
+
 def logits_for_suffix(
     backend: Backend, tokens: Sequence[int], n_rows: int, prompt: bool = False
 ) -> np.ndarray:
@@ -127,7 +133,7 @@ def logits_for_suffix(
     """
     if not 1 <= n_rows <= len(tokens):
         raise ValueError(f"need 1..{len(tokens)} logit rows, asked for {n_rows}")
-    keep = min(common_prefix_length(backend.cached, tokens), len(tokens) - n_rows)
+    keep = kept_prefix(backend.cached, tokens, n_rows)
     if keep < len(backend.cached):
         backend.truncate(keep)
     return backend.decode(tokens[keep:], n_rows, prompt)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import VocabInfo, common_prefix_length
+from .backend import VocabInfo, kept_prefix
 from .errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 
 try:
@@ -269,9 +269,9 @@ class LlamaBackend:
         multiples of PROMPT_CHUNK from position 0. Only cached chunks decoded so are kept;
         the cached tail after the last of them (a partial chunk, generated tokens) is
         decoded again with the new tokens."""
-        size = min(PROMPT_CHUNK, self.n_batch)
+        size = self._prompt_chunk()
         base = len(self.cached)
-        start = min(self._aligned_prompt_end, base) // size * size
+        start = self._aligned_start(base)
         if start < base:
             tokens = self.cached[start:base] + tokens
             self.truncate(start)
@@ -300,12 +300,18 @@ class LlamaBackend:
         self.tokens_decoded += n
         self.decode_calls += 1
 
+    def _prompt_chunk(self) -> int:
+        return min(PROMPT_CHUNK, self.n_batch)
+
+    def _aligned_start(self, n_cached: int) -> int:
+        """Where an exact prompt decode starts when `n_cached` tokens are cached: the end of
+        the last whole prompt chunk among them."""
+        size = self._prompt_chunk()
+        return min(n_cached, self._aligned_prompt_end) // size * size
+
     def prompt_reuse(self, prompt: Sequence[int]) -> int:
-        keep = min(common_prefix_length(self.cached, prompt), len(prompt) - 1)
-        if not self.exact:
-            return keep
-        size = min(PROMPT_CHUNK, self.n_batch)  # as _decode_prompt_aligned keeps
-        return min(keep, self._aligned_prompt_end) // size * size
+        keep = kept_prefix(self.cached, prompt, 1)  # as logits_for_suffix keeps
+        return self._aligned_start(keep) if self.exact else keep
 
     def truncate(self, n_keep: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):

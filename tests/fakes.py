@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_cli.backend import VocabInfo, common_prefix_length
+from specdec_cli.backend import VocabInfo, kept_prefix
 from specdec_cli.drafters import Draft, Drafter, ModelDrafter, Outcome
 from specdec_cli.errors import ModelFileError
 from specdec_cli.sampling import Distribution, SamplingSettings, TokenChooser
@@ -89,7 +89,7 @@ class FakeBackend:
         del self.cached[n_keep:]
 
     def prompt_reuse(self, prompt: Sequence[int]) -> int:
-        return min(common_prefix_length(self.cached, prompt), len(prompt) - 1)
+        return kept_prefix(self.cached, prompt, 1)
 
     def resize_context(self, n_ctx: int) -> None:
         self.n_ctx, self.cached = n_ctx, []
@@ -311,7 +311,7 @@ class TimedBackend(FakeBackend):
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         self.clock.advance(self.cost(len(tokens)))
-        return super().decode(tokens, n_logit_rows)
+        return super().decode(tokens, n_logit_rows, prompt)
 
 
 def table_cost(table: Mapping[int, float]) -> Callable[[int], float]:
