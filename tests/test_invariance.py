@@ -44,6 +44,17 @@ def batch_sizes_that_differ(
     return differ
 
 
+def assert_batch_invariant_only_when_exact(path, exact: bool, threads: int, largest: int) -> None:
+    """A real model over batch sizes 1..largest: exact mode none differ, fast mode (the
+    control) some do."""
+    backend = LlamaBackend(path, n_ctx=512, n_threads=threads, exact=exact)
+    try:
+        differ = batch_sizes_that_differ(backend, largest, LONG_CONTINUATION)
+    finally:
+        backend.close()
+    assert (differ == []) == exact, f"batch sizes whose logits differ: {differ}"
+
+
 @pytest.mark.parametrize("model", ["target", "gqa_drafter"], ids=["f32", "f16-gqa"])
 def test_exact_backend_logits_are_bitwise_the_same_at_every_batch_size(tiny_models, model):
     backend = LlamaBackend(getattr(tiny_models, model), n_ctx=256, n_threads=2, exact=True)

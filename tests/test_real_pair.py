@@ -14,8 +14,7 @@ import pytest
 from test_invariance import (
     EXACT_BATCH_ROWS,
     LARGEST_BATCH,
-    LONG_CONTINUATION,
-    batch_sizes_that_differ,
+    assert_batch_invariant_only_when_exact,
 )
 from typer.testing import CliRunner
 
@@ -48,12 +47,7 @@ def test_target_logits_do_not_depend_on_the_batch_in_exact_mode(paths, exact, th
     # every batch size exact mode decodes (EXACT_BATCH_ROWS): its Q4_K/Q6_K matrices take the
     # row-wise kernels (native/rowwise/), the rest llama.cpp's one-row kernels
     largest = EXACT_BATCH_ROWS if exact else LARGEST_BATCH
-    backend = LlamaBackend(paths[0], n_ctx=512, n_threads=threads, exact=exact)
-    try:
-        differ = batch_sizes_that_differ(backend, largest, LONG_CONTINUATION)
-    finally:
-        backend.close()
-    assert (differ == []) == exact, f"batch sizes whose logits differ: {differ}"
+    assert_batch_invariant_only_when_exact(paths[0], exact, threads, largest)
 
 
 def one_prompt_per_category() -> list:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_invariance import LONG_CONTINUATION, batch_sizes_that_differ
+from test_invariance import assert_batch_invariant_only_when_exact
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.fetch import resolve_model
-from specdec_cli.llama_backend import EXACT_BATCH_ROWS, LlamaBackend, requantize
+from specdec_cli.llama_backend import EXACT_BATCH_ROWS, requantize
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +41,7 @@ def gemma(shared_model_cache, tmp_path_factory):
     ids=["exact-1", "exact-2", "fast-control"],
 )
 def test_gemma_logits_do_not_depend_on_the_batch_in_exact_mode(gemma, exact, threads):
-    backend = LlamaBackend(gemma[0], n_ctx=512, n_threads=threads, exact=exact)
-    try:
-        differ = batch_sizes_that_differ(backend, EXACT_BATCH_ROWS, LONG_CONTINUATION)
-    finally:
-        backend.close()
-    assert (differ == []) == exact, f"batch sizes whose logits differ: {differ}"
+    assert_batch_invariant_only_when_exact(gemma[0], exact, threads, EXACT_BATCH_ROWS)
 
 
 def run_json(gemma, text: str, *args: str) -> dict:
