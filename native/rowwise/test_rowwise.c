@@ -224,13 +224,13 @@ static double q8_0_act(int n, int k) {
     return from_fp16(acts_q8_0[n][k / 32].d) * acts_q8_0[n][k / 32].qs[k % 32];
 }
 
-static void tolerance_check(const matrix * m, const float * got, int n_arows) {
-    // float sums of exact per-block integers: |error| <= 1e-5 * sum |w a| (the true error is ~1e-7)
+// The worst |got - reference| / sum |w a| over the first n_k weights, the reference in double.
+static double worst_relative_error(const matrix * m, const float * got, int n_arows, int n_k) {
     double worst = 0;
     for (int n = 0; n < n_arows; n++) {
         for (int r = 0; r < N_WROWS; r++) {
             double ref = 0, magnitude = 0;
-            for (int k = 0; k < N_K; k++) {
+            for (int k = 0; k < n_k; k++) {
                 const double term = m->value(m->w, r, k) * m->act_value(n, k);
                 ref += term;
                 magnitude += fabs(term);
@@ -239,6 +239,12 @@ static void tolerance_check(const matrix * m, const float * got, int n_arows) {
             worst = error > worst ? error : worst;
         }
     }
+    return worst;
+}
+
+static void tolerance_check(const matrix * m, const float * got, int n_arows) {
+    // float sums of exact per-block integers: |error| <= 1e-5 * sum |w a| (the true error is ~1e-7)
+    const double worst = worst_relative_error(m, got, n_arows, N_K);
     char what[128];
     snprintf(what, sizeof what, "%s: matches the double reference (worst relative error %.2e)", m->name, worst);
     check(worst <= 1e-5, what);
@@ -283,19 +289,7 @@ static void odd_blocks_check(const matrix * m) {
                   m->act_row_bytes, 1, alone + n * N_WROWS, N_WROWS);
     }
     m->kernel(n_k, m->w, m->w_stride, N_WROWS, m->acts, m->act_row_bytes, n_arows, batch, N_WROWS);
-    double worst = 0;
-    for (int n = 0; n < n_arows; n++) {
-        for (int r = 0; r < N_WROWS; r++) {
-            double ref = 0, magnitude = 0;
-            for (int k = 0; k < n_k; k++) {
-                const double term = m->value(m->w, r, k) * m->act_value(n, k);
-                ref += term;
-                magnitude += fabs(term);
-            }
-            const double error = fabs(batch[n * N_WROWS + r] - ref) / magnitude;
-            worst = error > worst ? error : worst;
-        }
-    }
+    const double worst = worst_relative_error(m, batch, n_arows, n_k);
     char what[128];
     snprintf(what, sizeof what, "%s: an odd number of blocks, bitwise alone and together, error %.2e", m->name, worst);
     check(worst <= 1e-5 && memcmp(alone, batch, sizeof(float) * N_WROWS * n_arows) == 0, what);
