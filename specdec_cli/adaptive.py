@@ -14,6 +14,7 @@ the tokens being decided, so the output stays exactly the target's.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -46,6 +47,10 @@ DRAFT_STEP_WINDOW = 15
 # ever assumed free or hopeless because of one measurement elsewhere.
 RATIO_LIMITS = (0.1, 10.0)
 MEASURED_SIZES = (1, 2, 4, 8, 16, 32)
+# The sizes a cost table keeps: the probed ones and the largest verification (longest draft
+# and the target's own token), which the probe leaves to the run (it would add a second or
+# more to the probe; until measured it is extrapolated from 16 and 32, a little high).
+TABLE_SIZES = (*MEASURED_SIZES, 64)
 
 
 @dataclass
@@ -118,7 +123,7 @@ class CostModel:
 
     def table(self) -> dict[int, float]:
         """The target's cost now, at the sizes a probe measures (and the prior's own)."""
-        sizes = sorted({*MEASURED_SIZES, *self.verify_seconds})
+        sizes = sorted({*TABLE_SIZES, *self.verify_seconds})
         return {n: self.verify(n) for n in sizes}
 
     def fresh(self) -> CostModel:
@@ -333,10 +338,19 @@ class Rate:
 
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
-# How often an n-gram's continuation starts right, by match length 1, 2, 3, 4, 5+: long
-# matches are copies in progress. Cautious, since each wrong guess costs a verification:
-# edits reach these rates and more, prose and fresh code far less. Learned per answer.
-NGRAM_FIRST_PRIORS = (0.2, 0.4, 0.6, 0.7, 0.75)
+# N-gram matches are judged by their length, in these buckets (1, 2, 3, 4, 5-7, 8-11, 12+
+# tokens): a match of 12 or more is a copy in progress, one of a few tokens often a chance hit.
+NGRAM_LENGTH_EDGES = (2, 3, 4, 5, 8, 12)
+# How often an n-gram's continuation starts right, by match-length bucket. Cautious, since
+# each wrong guess costs a verification: edits reach these rates and more, prose and fresh
+# code far less. Learned per answer.
+NGRAM_FIRST_PRIORS = (0.2, 0.4, 0.6, 0.7, 0.75, 0.85, 0.9)
+# How often each later token of an n-gram draft is kept, given the one before, by the same
+# buckets. Learned per bucket too: a long match runs on (0.99 on edits), while a short one
+# right after an edit is a chance hit elsewhere in the text whose continuation soon parts
+# from the answer; one shared rate let two-token matches draft 20-32 tokens and lose them
+# (1.9 s of 12.6 on a long edit).
+NGRAM_NEXT_PRIORS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 # The same for drafts from a prediction: text the user expects the answer to repeat, so
 # trusted more from the start; learned per answer like the others.
 PREDICTION_FIRST_PRIORS = (0.5, 0.65, 0.75, 0.85, 0.9)
@@ -354,7 +368,7 @@ class AcceptanceModel:
         default_factory=lambda: [Rate(p) for p in (0.2, 0.4, 0.6, 0.75, 0.85, 0.92, 0.97)]
     )
     ngram_first: dict[int, Rate] = field(default_factory=dict)
-    ngram_next: Rate = field(default_factory=lambda: Rate(0.85))
+    ngram_following: dict[int, Rate] = field(default_factory=dict)
     model_first: Rate = field(default_factory=lambda: Rate(0.6))
     prediction_first: dict[int, Rate] = field(default_factory=dict)
     prediction_next: Rate = field(default_factory=lambda: Rate(0.95))
@@ -363,16 +377,13 @@ class AcceptanceModel:
         return self.by_confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, "right"))]
 
     def for_prediction(self, match_length: int) -> Rate:
-        bucket = min(match_length, len(PREDICTION_FIRST_PRIORS))
-        if bucket not in self.prediction_first:
-            self.prediction_first[bucket] = Rate(PREDICTION_FIRST_PRIORS[bucket - 1])
-        return self.prediction_first[bucket]
+        return _bucket_rate(self.prediction_first, PREDICTION_FIRST_PRIORS, match_length)
 
     def for_ngram(self, match_length: int) -> Rate:
-        bucket = min(match_length, len(NGRAM_FIRST_PRIORS))
-        if bucket not in self.ngram_first:
-            self.ngram_first[bucket] = Rate(NGRAM_FIRST_PRIORS[bucket - 1])
-        return self.ngram_first[bucket]
+        return _ngram_rate(self.ngram_first, NGRAM_FIRST_PRIORS, match_length)
+
+    def ngram_next(self, match_length: int) -> Rate:
+        return _ngram_rate(self.ngram_following, NGRAM_NEXT_PRIORS, match_length)
 
     def learn(self, draft: Draft, n_accepted: int) -> None:
         checked = min(len(draft.tokens), n_accepted + 1)  # tokens after a rejection are unseen
@@ -383,10 +394,24 @@ class AcceptanceModel:
                 if i == 0:
                     self.model_first.update(hit)
             elif draft.source == "ngram":
-                (self.for_ngram(draft.match_length) if i == 0 else self.ngram_next).update(hit)
+                length = draft.match_length
+                (self.for_ngram(length) if i == 0 else self.ngram_next(length)).update(hit)
             elif draft.source == "prediction":
                 first = self.for_prediction(draft.match_length)
                 (first if i == 0 else self.prediction_next).update(hit)
+
+
+def _bucket_rate(rates: dict[int, Rate], priors: Sequence[float], match_length: int) -> Rate:
+    """The rate for a match length: lengths from len(priors) on share the last one."""
+    bucket = min(match_length, len(priors))
+    if bucket not in rates:
+        rates[bucket] = Rate(priors[bucket - 1])
+    return rates[bucket]
+
+
+def _ngram_rate(rates: dict[int, Rate], priors: Sequence[float], match_length: int) -> Rate:
+    """The rate for an n-gram match of this length (its NGRAM_LENGTH_EDGES bucket)."""
+    return _bucket_rate(rates, priors, 1 + bisect.bisect_right(NGRAM_LENGTH_EDGES, match_length))
 
 
 def expected_tokens(first: float, following: float, k: int) -> float:
@@ -442,7 +467,7 @@ CATCH_UP_COST = 0.4  # shorter matches are mostly chance, in prose and code alik
 # FILLER_EXPLORE_TOKENS): the try is there to time the verification, and drafting it with
 # the model would add a drafter step per token (on CPUs half a target step) for drafts the
 # planner has judged not to pay. The least measured size goes first.
-EXPLORE_SIZES = (2, 4, 8, 16, 32)
+EXPLORE_SIZES = (2, 4, 8, 16, 32, 64)
 FILLER_EXPLORE_TOKENS = 7
 # A try that moved its size's cost by more than this fraction found the table wrong: the
 # next comes soon again. One that did not doubles the wait (ProbeSchedule).
@@ -510,6 +535,8 @@ class AdaptiveDrafter:
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         self.prompt_length = prompt_length
+        if self.ngram is not None:
+            self.ngram.begin(prompt_length, prediction)
         self.prediction = PredictionIndex(prediction) if prediction else None
 
     def observe(self, outcome: Outcome) -> None:
@@ -599,7 +626,8 @@ class AdaptiveDrafter:
         if not match.tokens:
             return match, 0, 0.0
         first = self.acceptance.for_ngram(match.length)
-        return match, *self._match_plan(match, first, self.acceptance.ngram_next)
+        following = self.acceptance.ngram_next(match.length)
+        return match, *self._match_plan(match, first, following)
 
     def _match_plan(self, match: NgramMatch, first: Rate, following: Rate) -> tuple[int, float]:
         """A point-mass draft of `match`: free to propose, so only verification costs."""
@@ -656,8 +684,10 @@ class AdaptiveDrafter:
 DRAFTER_MODES = ("combined", "model", "ngram", "fixed")
 FIXED_DRAFT_LENGTH = 8
 # Adaptive modes choose each round's length themselves; this only bounds it. Long n-gram
-# drafts are what pay on CPU: one decode of 32 tokens costs about 12 single-token decodes.
-ADAPTIVE_DRAFT_LIMIT = 32
+# drafts are what pay on CPU: with llama.cpp's kernels one decode of 32 tokens costs about
+# 6.7 single-token decodes and one of 64 about 10.7 (a fifth less per token), so a copy in
+# progress is verified 64 tokens at a time. 63 + 1 is exact mode's invariant batch limit.
+ADAPTIVE_DRAFT_LIMIT = 63
 
 
 def default_draft_max(mode: str) -> int:

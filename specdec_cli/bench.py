@@ -380,7 +380,7 @@ def make_drafter(
     return build_drafter(configuration.drafter, pair.target, drafter, costs=fresh)
 
 
-def parse_int_list(text: str, option: str) -> list[int]:
+def parse_int_list(text: str, option: str, largest: int | None = None) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -389,6 +389,11 @@ def parse_int_list(text: str, option: str) -> list[int]:
         raise BadUsageError(
             f"{option} takes positive integers separated by commas, got '{text}'.",
             f"For example {option} 2,4,8.",
+        )
+    if largest is not None and max(values) > largest:
+        raise BadUsageError(
+            f"{option} {max(values)} is more than the longest draft, {largest}.",
+            f"Give values from 1 to {largest}.",
         )
     return values
 

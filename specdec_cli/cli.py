@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from . import render
+from .adaptive import ADAPTIVE_DRAFT_LIMIT, default_draft_max
 from .engine import SamplingRule
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .sampling import SamplingSettings
@@ -61,7 +62,10 @@ StopOpt = Annotated[
 DraftMaxOpt = Annotated[
     int | None,
     typer.Option(
-        "--draft-max", min=1, help="Most tokens drafted per round (default: 8 fixed, else 32)."
+        "--draft-max",
+        min=1,
+        max=ADAPTIVE_DRAFT_LIMIT,
+        help=f"Most tokens drafted per round (default: 8 fixed, else {ADAPTIVE_DRAFT_LIMIT}).",
     ),
 ]
 NoDraftOpt = Annotated[
@@ -180,12 +184,6 @@ def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
 
 
 DEFAULT_TARGET = "large"
-
-
-def default_draft_max(mode: str) -> int:
-    from .adaptive import default_draft_max as for_mode
-
-    return for_mode(mode)
 
 
 def check_drafter_mode(mode: str) -> str:
@@ -538,7 +536,7 @@ def bench(
         typer.Option(
             "--draft-max",
             help="Draft length, or a list to sweep: 2,4,8 (default: 8 "
-            "for fixed, 32 for the adaptive modes).",
+            f"for fixed, {ADAPTIVE_DRAFT_LIMIT} for the adaptive modes).",
         ),
     ] = None,
     drafter: Annotated[
@@ -597,7 +595,9 @@ def bench(
                 bench_lib.load_prompts(prompts), category or (), per_category
             ),
             configurations=bench_lib.configurations(
-                bench_lib.parse_int_list(draft_max, "--draft-max") if draft_max else None,
+                bench_lib.parse_int_list(draft_max, "--draft-max", ADAPTIVE_DRAFT_LIMIT)
+                if draft_max
+                else None,
                 modes,
                 [draft_label(name) for name in extra_drafts],
                 exact=exact,

@@ -150,10 +150,16 @@ class NgramIndex:
 
     Of several earlier occurrences it prefers the first one after the place the last
     continuation came from: an answer that copies its input (an edit, a refactor) moves
-    forward through it, and the most recent occurrence is often the wrong one."""
+    forward through it, and the most recent occurrence is often the wrong one.
 
-    def __init__(self, max_n: int = 8, min_n: int = 1) -> None:
+    A continuation taken from the prompt stops at the prompt's end (`answer_start`): what
+    follows there is the answer's own beginning, not what follows the matched text (on a
+    long edit, the end of the copied file drafted the chat template and the answer's first
+    line: 30 tokens verified for 2)."""
+
+    def __init__(self, max_n: int = 16, min_n: int = 1) -> None:
         self.max_n, self.min_n = max_n, min_n
+        self.answer_start = 0  # 0: no boundary
         self._reset()
 
     def _reset(self) -> None:
@@ -181,11 +187,17 @@ class NgramIndex:
         last = len(self._tokens) - 1
         for n in range(min(self.max_n, len(self._tokens)), self.min_n - 1, -1):
             ends = self._ends.get(tuple(self._tokens[last - n + 1 :]), [])
-            earlier = ends[:-1] if ends and ends[-1] == last else ends
+            earlier = [end for end in ends if end != last and end != self.answer_start - 1]
             if earlier:
                 end = first_after(earlier, self._cursor)
-                return NgramMatch(tuple(self._tokens[end + 1 : end + 1 + max_tokens]), n, end)
+                return NgramMatch(self._continuation(end, max_tokens), n, end)
         return NO_MATCH
+
+    def _continuation(self, end: int, max_tokens: int) -> tuple[int, ...]:
+        stop = end + 1 + max_tokens
+        if end < self.answer_start:
+            stop = min(stop, self.answer_start)
+        return tuple(self._tokens[end + 1 : stop])
 
     def take(self, match: NgramMatch) -> None:
         """`match` is being proposed: later lookups prefer occurrences after it."""
@@ -239,7 +251,7 @@ class NgramDrafter:
         pass
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
-        pass
+        self.index.answer_start = prompt_length
 
 
 def ngram_draft(tokens: Sequence[int], match_length: int, source: str = "ngram") -> Draft:

@@ -16,6 +16,8 @@ from fakes import (
 )
 
 from specdec_cli.adaptive import (
+    NGRAM_FIRST_PRIORS,
+    NGRAM_NEXT_PRIORS,
     AcceptanceModel,
     AdaptiveDrafter,
     CostModel,
@@ -27,7 +29,7 @@ from specdec_cli.adaptive import (
     measure_costs,
     probe_problems,
 )
-from specdec_cli.drafters import Draft, ModelDrafter, NgramDrafter
+from specdec_cli.drafters import Draft, ModelDrafter, NgramDrafter, NgramMatch
 from specdec_cli.engine import Generation, GenerationSettings, Round
 from specdec_cli.sampling import Distribution, GumbelChooser, SamplingSettings
 
@@ -209,15 +211,41 @@ def test_model_drafts_teach_the_confidence_buckets_up_to_the_first_rejection():
     assert acceptance.model_first.value > 0.6
 
 
-def test_ngram_drafts_teach_the_first_token_by_match_length_and_the_rest_together():
+def test_ngram_drafts_teach_the_first_token_and_the_rest_by_match_length():
     acceptance = AcceptanceModel()
     draft = Draft([5, 6, 7], [Distribution.point(t) for t in (5, 6, 7)], "ngram", match_length=9)
-    long_match, following = acceptance.for_ngram(9), acceptance.ngram_next
+    long_match, following = acceptance.for_ngram(9), acceptance.ngram_next(9)
     first_before, next_before = long_match.value, following.value
     acceptance.learn(draft, n_accepted=3)
-    assert acceptance.for_ngram(5) is long_match  # 5 and longer share one rate
+    assert acceptance.for_ngram(8) is long_match  # 8 to 11 share one bucket
+    assert acceptance.ngram_next(11) is following
     assert long_match.value > first_before and following.value > next_before
-    assert acceptance.for_ngram(1).value == 0.2  # other lengths untouched
+    # Other lengths untouched: a copy's long matches say nothing of chance short ones.
+    assert acceptance.for_ngram(2).value == NGRAM_FIRST_PRIORS[1]
+    assert acceptance.ngram_next(2).value == NGRAM_NEXT_PRIORS[1]
+    assert acceptance.ngram_next(12) is not following
+
+
+def test_a_short_match_drafts_less_than_a_long_one_after_a_long_copy():
+    # An answer that copied long matches (every later token kept) then meets a two-token
+    # match: right after an edit, a chance hit elsewhere in the text. Its continuation is
+    # not to be trusted as far as the copy's.
+    drafter = AdaptiveDrafter(costs=CostModel(dict(QUIET), DRAFT_STEP), ngram=NgramDrafter())
+    for _ in range(12):
+        tokens = list(range(31))
+        copy = Draft(tokens, [Distribution.point(t) for t in tokens], "ngram", match_length=16)
+        drafter.acceptance.learn(copy, n_accepted=31)
+    long_k = drafter._match_plan(ngram_match(40, 16), *rates(drafter, 16))[0]
+    short_k = drafter._match_plan(ngram_match(40, 2), *rates(drafter, 2))[0]
+    assert long_k >= 31 and short_k <= 3
+
+
+def ngram_match(n_tokens: int, length: int) -> NgramMatch:
+    return NgramMatch(tuple(range(n_tokens)), length, 0)
+
+
+def rates(drafter: AdaptiveDrafter, length: int):
+    return drafter.acceptance.for_ngram(length), drafter.acceptance.ngram_next(length)
 
 
 def test_expected_tokens_counts_the_targets_own_token_and_each_survivor():
@@ -332,8 +360,9 @@ def test_a_poisoned_table_heals_within_one_answer(clock, mode):
     assert first_long <= 16
     assert poisoned.stats.tokens_per_second >= 0.9 * quiet.stats.tokens_per_second
     # What the next run would start from is the quiet table, to within 20%.
-    for n, seconds in costs.healed().verify_seconds.items():
-        assert seconds == pytest.approx(QUIET[n], rel=0.2), n
+    healed = costs.healed().verify_seconds
+    for n in QUIET:
+        assert healed[n] == pytest.approx(QUIET[n], rel=0.2), n
 
 
 def test_a_model_probe_is_short_however_sure_the_drafter_is():

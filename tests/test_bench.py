@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli import bench
+from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.engine import FinishReason, GenerationStats, SamplingRule
 from specdec_cli.errors import BadUsageError, ContextOverflowError
 from specdec_cli.sampling import SamplingSettings
@@ -131,6 +132,8 @@ def test_draft_max_list_and_configurations():
     for bad in ("", "a", "2,,x", "0,2"):
         with pytest.raises(BadUsageError, match="--draft-max"):
             bench.parse_int_list(bad, "--draft-max")
+    with pytest.raises(BadUsageError, match="longest draft, 63"):
+        bench.parse_int_list("8,64", "--draft-max", largest=63)
     configs = bench.configurations([4, 2, 4], ["model"])
     assert [(c.label, c.draft_max) for c in configs] == [("model k=4", 4), ("model k=2", 2)]
     with pytest.raises(BadUsageError, match="unknown drafter"):
@@ -382,7 +385,8 @@ def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, m
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     labels = [c["label"] for c in report["settings"]["configurations"]]
-    assert labels == ["fixed k=8", "fixed k=8 (unrelated_drafter)", "ngram k=32"]
+    ngram = f"ngram k={ADAPTIVE_DRAFT_LIMIT}"
+    assert labels == ["fixed k=8", "fixed k=8 (unrelated_drafter)", ngram]
     assert set(report["models"]) == {"target", "draft", "draft:unrelated_drafter"}
     by_label = {row["configuration"]: row for row in report["summary"]["configurations"]}
     close, unrelated = by_label["fixed k=8"], by_label["fixed k=8 (unrelated_drafter)"]
@@ -436,7 +440,7 @@ def test_exact_bench_measures_the_cost_of_exactness_and_checks_against_it(tiny_m
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     labels = [c["label"] for c in report["settings"]["configurations"]]
-    assert labels == [bench.EXACT_ALONE, "fixed k=8", "combined k=32"]
+    assert labels == [bench.EXACT_ALONE, "fixed k=8", f"combined k={ADAPTIVE_DRAFT_LIMIT}"]
     assert report["settings"]["hardware"]["exact"] is True
     rows = {row["configuration"]: row for row in report["summary"]["configurations"]}
     assert rows[bench.EXACT_ALONE]["speculative"]["drafted"] == 0
@@ -462,11 +466,12 @@ def test_the_oracle_drafts_the_target_alones_answer_and_others_are_measured_agai
     assert oracle["drafted"] > 0 and oracle["accepted"] == oracle["drafted"]
     assert oracle["tokens_per_pass"] > 2
     assert rows[bench.ORACLE]["efficiency"] == 1.0
-    ngram = rows["ngram k=32"]
+    ngram = rows[f"ngram k={ADAPTIVE_DRAFT_LIMIT}"]
     assert ngram["efficiency"] == pytest.approx(
         ngram["speedup"]["median"] / rows[bench.ORACLE]["speedup"]["median"], rel=1e-3
     )
-    assert report["summary"]["best_configuration"] == "ngram k=32"  # instruments never win
+    # instruments never win
+    assert report["summary"]["best_configuration"] == f"ngram k={ADAPTIVE_DRAFT_LIMIT}"
 
 
 def test_prediction_modes_use_the_prompts_prediction(tiny_models, tmp_path):
@@ -488,3 +493,4 @@ def test_the_target_alone_makes_one_token_per_pass_when_its_answer_ends_at_eos()
     stats = GenerationStats(generated=9, target_passes=10, end_tokens=1, seconds=1.0)
     record = bench.RunRecord("p", "qa", bench.TARGET_ALONE, 0, 0, [], "", FinishReason.STOP, stats)
     assert bench.Aggregate.of([record]).tokens_per_pass == 1.0
+

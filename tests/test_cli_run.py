@@ -13,8 +13,10 @@ import pytest
 from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
+from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.cli import app
 from specdec_cli.fetch import specdec_cache_dir
+from specdec_cli.llama_backend import EXACT_BATCH_ROWS
 
 runner = CliRunner()
 PROMPTS = ["the cat sat on", "one two three four", "what is the time"]
@@ -305,3 +307,13 @@ def test_an_unknown_rule_is_refused_before_any_model_is_looked_up():
     result = invoke(["run", "hi", "--target", "no-such-model", "--rule", "bogus"])
     assert result.exit_code == 2
     assert "--rule" in result.output and "no-such-model" not in result.output
+
+
+def test_a_draft_longer_than_the_exact_batch_limit_is_refused():
+    # Exact mode verifies at most EXACT_BATCH_ROWS tokens with the batch-invariant kernels;
+    # a longer draft would be checked by other kernels and could change the answer.
+    result = invoke(["run", "hi", "--target", "no-such-model", "--draft-max", "64"])
+    assert result.exit_code == 2
+    assert "--draft-max" in result.output and "no-such-model" not in result.output
+    assert ADAPTIVE_DRAFT_LIMIT + 1 <= EXACT_BATCH_ROWS
+

@@ -33,6 +33,25 @@ def test_the_continuation_stops_at_max_tokens_and_at_the_text_end():
     assert index.lookup(100).tokens == tuple(TWICE[2:])
 
 
+def test_a_continuation_from_the_prompt_stops_at_the_answers_start():
+    # The prompt is TWICE[:4] ("a b x z"), the answer so far the rest; the ending "a b" also
+    # occurred in the prompt, where what followed ran on into the answer's first tokens.
+    drafter = NgramDrafter()
+    drafter.begin(prompt_length=4, prediction=())
+    match = drafter.candidates([*TWICE[:4], A, B, Y, W, A, B], 100)
+    assert match.tokens == (X, Z)
+    # Without a prompt boundary the same lookup runs on across it.
+    assert NgramDrafter().candidates([*TWICE[:4], A, B, Y, W, A, B], 100).tokens[2:4] == (A, B)
+
+
+def test_a_match_ending_where_the_prompt_ends_is_passed_over_for_a_shorter_one():
+    drafter = NgramDrafter()
+    drafter.begin(prompt_length=3, prediction=())
+    # "b x" ends the prompt: nothing of the prompt follows it. "x" alone occurred later too.
+    match = drafter.candidates([A, B, X, Y, Z, X, W, B, X], 100)
+    assert match.length == 1 and match.tokens == (W, B, X)
+
+
 def test_looking_does_not_move_the_cursor():
     index = index_of(TWICE)
     first = index.lookup(3)
