@@ -36,6 +36,7 @@ from .drafters import (
     PredictionIndex,
     ngram_draft,
 )
+from .history import HistoryIndex
 from .sampling import SamplingSettings, TokenChooser
 
 # Every decode the engine times is a measurement: per batch size, the median of the most
@@ -351,6 +352,11 @@ NGRAM_FIRST_PRIORS = (0.2, 0.4, 0.6, 0.7, 0.75, 0.85, 0.9)
 # from the answer; one shared rate let two-token matches draft 20-32 tokens and lose them
 # (1.9 s of 12.6 on a long edit).
 NGRAM_NEXT_PRIORS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+# The same for drafts from earlier prompts and answers (history.py; matches of 4 tokens or
+# more): what followed there is a guess about this answer's structure (the same keys, the
+# same header) more than its content, so trusted a little less than prompt lookup at first.
+HISTORY_FIRST_PRIORS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+HISTORY_NEXT_PRIORS = (0.5, 0.5, 0.6, 0.6, 0.7, 0.8, 0.9)
 # The same for drafts from a prediction: text the user expects the answer to repeat, so
 # trusted more from the start; learned per answer like the others.
 PREDICTION_FIRST_PRIORS = (0.5, 0.65, 0.75, 0.85, 0.9)
@@ -372,6 +378,8 @@ class AcceptanceModel:
     model_first: Rate = field(default_factory=lambda: Rate(0.6))
     prediction_first: dict[int, Rate] = field(default_factory=dict)
     prediction_next: Rate = field(default_factory=lambda: Rate(0.95))
+    history_first: dict[int, Rate] = field(default_factory=dict)
+    history_following: dict[int, Rate] = field(default_factory=dict)
 
     def for_confidence(self, confidence: float) -> Rate:
         return self.by_confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, "right"))]
@@ -384,6 +392,12 @@ class AcceptanceModel:
 
     def ngram_next(self, match_length: int) -> Rate:
         return _ngram_rate(self.ngram_following, NGRAM_NEXT_PRIORS, match_length)
+
+    def for_history(self, match_length: int) -> Rate:
+        return _ngram_rate(self.history_first, HISTORY_FIRST_PRIORS, match_length)
+
+    def history_next(self, match_length: int) -> Rate:
+        return _ngram_rate(self.history_following, HISTORY_NEXT_PRIORS, match_length)
 
     def learn(self, draft: Draft, n_accepted: int) -> None:
         checked = min(len(draft.tokens), n_accepted + 1)  # tokens after a rejection are unseen
@@ -399,6 +413,9 @@ class AcceptanceModel:
             elif draft.source == "prediction":
                 first = self.for_prediction(draft.match_length)
                 (first if i == 0 else self.prediction_next).update(hit)
+            elif draft.source == "history":
+                length = draft.match_length
+                (self.for_history(length) if i == 0 else self.history_next(length)).update(hit)
 
 
 def _bucket_rate(rates: dict[int, Rate], priors: Sequence[float], match_length: int) -> Rate:
@@ -488,6 +505,7 @@ class AdaptiveDrafter:
     ngram_probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     cost_probes: ProbeSchedule = field(default_factory=lambda: ProbeSchedule(first=8))
     prediction: PredictionIndex | None = None  # this answer's Predicted Outputs, if any
+    history: HistoryIndex | None = None  # earlier prompts and answers (history.py), if kept
     prompt_length: int = 0
     _exploring: tuple[int, float] | None = field(default=None, init=False, repr=False)
 
@@ -506,9 +524,12 @@ class AdaptiveDrafter:
         model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
         match, k, ngram_rate = self._ngram_plan(context, max_tokens)
         predicted, k_predicted, prediction_rate = self._prediction_plan(context, max_tokens)
-        best_other = max(model_rate, ngram_rate, plain_rate * self.margin)
+        earlier, k_earlier, history_rate = self._history_plan(context, max_tokens)
+        best_other = max(model_rate, ngram_rate, history_rate, plain_rate * self.margin)
         if self.prediction is not None and k_predicted and prediction_rate >= best_other:
             return self.prediction.take(predicted, k_predicted)
+        if k_earlier and history_rate >= max(model_rate, ngram_rate, plain_rate * self.margin):
+            return ngram_draft(earlier.tokens[:k_earlier], earlier.length, source="history")
         if self.ngram is not None and match.tokens:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
                 self.ngram_probes.paid()
@@ -629,6 +650,19 @@ class AdaptiveDrafter:
         following = self.acceptance.ngram_next(match.length)
         return match, *self._match_plan(match, first, following)
 
+    def _history_plan(
+        self, context: Sequence[int], max_tokens: int
+    ) -> tuple[NgramMatch, int, float]:
+        """What earlier prompts and answers say comes next, the best length (0: none), its rate."""
+        if self.history is None:
+            return NO_MATCH, 0, 0.0
+        match = self.history.lookup(context, max_tokens)
+        if not match.tokens:
+            return match, 0, 0.0
+        first = self.acceptance.for_history(match.length)
+        following = self.acceptance.history_next(match.length)
+        return match, *self._match_plan(match, first, following)
+
     def _match_plan(self, match: NgramMatch, first: Rate, following: Rate) -> tuple[int, float]:
         """A point-mass draft of `match`: free to propose, so only verification costs."""
         return self._best_length(first.value, following.value, len(match.tokens), 0.0)
@@ -722,6 +756,12 @@ def build_drafter(
     costs = costs or measure_pair_costs(target, model.backend if model else None)
     ngram = NgramDrafter() if mode in ("combined", "ngram") else None
     return AdaptiveDrafter(costs, model=model, ngram=ngram)
+
+
+def use_history(drafter: Drafter | None, history: HistoryIndex | None) -> None:
+    """Let an adaptive drafter draft from earlier prompts and answers too."""
+    if isinstance(drafter, AdaptiveDrafter):
+        drafter.history = history
 
 
 def costs_of(drafter: Drafter | None) -> CostModel | None:

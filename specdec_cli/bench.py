@@ -35,6 +35,7 @@ from .adaptive import (
     costs_of,
     default_draft_max,
     measure_pair_costs,
+    use_history,
 )
 from .backend import Backend, encode_chat
 from .comparison import Comparison, compare_outputs
@@ -49,7 +50,7 @@ from .engine import (
     SamplingRule,
 )
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
-from .json_cache import read_json_cache, write_json_cache
+from .history import HistoryIndex
 from .sampling import SamplingSettings, TokenChooser
 from .session import (
     HardwareOptions,
@@ -70,6 +71,8 @@ BENCH_MODES = (*DRAFTER_MODES, ORACLE)
 INSTRUMENTS = (EXACT_ALONE, ORACLE)  # measured for reference, never "the best configuration"
 DEFAULT_MAX_TOKENS = 128
 BUILTIN_SUITE = Path(__file__).parent / "prompts" / "suite.yaml"
+# Built-in prompt files by name (--prompts sessions): workloads that repeat across requests.
+BUILTIN_PROMPTS = {"suite": BUILTIN_SUITE, "sessions": BUILTIN_SUITE.with_name("sessions.yaml")}
 BOOTSTRAP_DRAWS = 2000
 BOOTSTRAP_SEED = 0
 
@@ -103,6 +106,9 @@ class BenchPrompt:
     system: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     prediction: str | None = None  # text the answer is expected to mostly repeat
+    # Requests of one session run in file order and share history: a "+history" mode drafts
+    # from the session's earlier prompts and answers (shell loops, agents, editors).
+    session: str | None = None
 
     def tokens(self, target: Backend, *, raw: bool, system: str | None) -> list[int]:
         if not self.messages:
@@ -113,16 +119,28 @@ class BenchPrompt:
         return encode_chat(target, [dict(m) for m in self.messages])
 
 
-_PROMPT_FIELDS = {"id", "category", "text", "messages", "system", "max_tokens", "prediction"}
+_PROMPT_FIELDS = {
+    "id",
+    "category",
+    "text",
+    "messages",
+    "system",
+    "max_tokens",
+    "prediction",
+    "session",
+}
 _FORMAT_FIX = (
     "Each prompt needs id, category, and text or messages (a list of {role, content}); "
-    "max_tokens, system and prediction are optional. See specdec_cli/prompts/suite.yaml."
+    "max_tokens, system, prediction and session are optional. See specdec_cli/prompts/."
 )
 
 
 def load_prompts(path: Path | None = None) -> list[BenchPrompt]:
-    """The built-in suite, or a YAML (list, or {prompts: list}) or JSONL file of prompts."""
+    """The built-in suite, or a YAML (list, or {prompts: list}) or JSONL file of prompts, or
+    a built-in file by name (BUILTIN_PROMPTS) where no such file exists."""
     source = path or BUILTIN_SUITE
+    if not source.exists() and str(source) in BUILTIN_PROMPTS:
+        source = BUILTIN_PROMPTS[str(source)]
     try:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
@@ -214,7 +232,7 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
             or not all(isinstance(v, str) for v in message.values())
         ):
             raise fail("each message must be {role: string, content: string}")
-    for key in ("system", "prediction"):
+    for key in ("system", "prediction", "session"):
         if item.get(key) is not None and not isinstance(item[key], str):
             raise fail(f"'{key}' must be a string")
     max_tokens = item.get("max_tokens", DEFAULT_MAX_TOKENS)
@@ -228,6 +246,7 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
         system=item.get("system"),
         max_tokens=max_tokens,
         prediction=item.get("prediction"),
+        session=item.get("session"),
     )
 
 
@@ -269,6 +288,7 @@ class Configuration:
     draft_max: int = 8
     draft_model: str | None = None  # one of the extra drafters by name; None: the main one
     prediction: bool = False  # drafts may follow the prompt's prediction (Predicted Outputs)
+    history: bool = False  # drafts may follow the session's earlier prompts and answers
 
     def settings(self, base: GenerationSettings) -> GenerationSettings:
         prediction = base.prediction if self.prediction else ()
@@ -292,7 +312,7 @@ def configurations(
         check_bench_mode(mode)
     found = [Configuration(EXACT_ALONE, "none", 1)] if exact else []
     for mode_name in modes:
-        mode, predicted = split_mode(mode_name)
+        mode, predicted, history = split_mode(mode_name)
         drafts = [None, *extra_drafts] if mode in NEEDS_DRAFT_MODEL else [None]
         for draft in drafts:
             if mode == ORACLE:  # its lengths come from the cost table, as long as pays
@@ -300,7 +320,7 @@ def configurations(
                 continue
             for k in dict.fromkeys(draft_max or [default_draft_max(mode)]):
                 label = f"{mode_name} k={k}" + (f" ({draft})" if draft else "")
-                found.append(Configuration(label, mode, k, draft, predicted))
+                found.append(Configuration(label, mode, k, draft, predicted, history))
     return found
 
 
@@ -337,33 +357,40 @@ class OracleDrafter:
 
 
 PREDICTION_SUFFIX = "+prediction"
+HISTORY_SUFFIX = "+history"
 
 
-def split_mode(name: str) -> tuple[str, bool]:
-    """'combined+prediction' -> ('combined', True): the mode, and whether its drafts may
-    follow the prompt's prediction."""
-    if name.endswith(PREDICTION_SUFFIX):
-        return name[: -len(PREDICTION_SUFFIX)], True
-    return name, False
+def split_mode(name: str) -> tuple[str, bool, bool]:
+    """'combined+prediction+history' -> ('combined', True, True): the mode, whether its
+    drafts may follow the prompt's prediction, and the session's history."""
+    mode, suffixes = name, set[str]()
+    while suffix := next((s for s in (PREDICTION_SUFFIX, HISTORY_SUFFIX) if mode.endswith(s)), ""):
+        mode, suffixes = mode[: -len(suffix)], suffixes | {suffix}
+    return mode, PREDICTION_SUFFIX in suffixes, HISTORY_SUFFIX in suffixes
 
 
 def check_bench_mode(name: str) -> str:
-    mode, predicted = split_mode(name)
-    if mode not in BENCH_MODES or (predicted and mode in ("fixed", ORACLE)):
+    mode, predicted, history = split_mode(name)
+    if mode not in BENCH_MODES or ((predicted or history) and mode in ("fixed", ORACLE)):
         raise BadUsageError(
             f"unknown drafter '{name}'.",
             f"Use one of {', '.join(BENCH_MODES)}; an adaptive mode (combined, model, ngram) "
-            f"may end in {PREDICTION_SUFFIX} to follow the prompts' predictions.",
+            f"may end in {PREDICTION_SUFFIX} to follow the prompts' predictions and in "
+            f"{HISTORY_SUFFIX} to draft from the session's earlier requests.",
         )
     return name
 
 
 def make_drafter(
-    configuration: Configuration, pair: ModelPair, reference: Sequence[int] = ()
+    configuration: Configuration,
+    pair: ModelPair,
+    reference: Sequence[int] = (),
+    history: HistoryIndex | None = None,
 ) -> Drafter | None:
     """The one place a configuration becomes a drafter (fresh per run: drafters learn as they
     go). The pair's costs, measured once per bench, spare each run its own timing probe.
-    `reference`: the target alone's answer in this repeat, for the oracle."""
+    `reference`: the target alone's answer in this repeat, for the oracle; `history`: the
+    session's earlier prompts and answers, for "+history" modes."""
     if configuration.drafter == "none":
         return None
     if configuration.drafter == ORACLE:
@@ -377,7 +404,9 @@ def make_drafter(
             f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
         )
     fresh = costs.fresh() if costs is not None else None  # each run learns on its own copy
-    return build_drafter(configuration.drafter, pair.target, drafter, costs=fresh)
+    built = build_drafter(configuration.drafter, pair.target, drafter, costs=fresh)
+    use_history(built, history if configuration.history else None)
+    return built
 
 
 def parse_int_list(text: str, option: str, largest: int | None = None) -> list[int]:
@@ -1013,7 +1042,10 @@ def _measure_prompt(
             exact = configuration is not None and request.hardware.exact
             oracle = configuration is not None and configuration.drafter == ORACLE
             answer = _reference_tokens(request, report, prompt.id, repeat) if oracle else []
-            finished, costs = _generate(pair, tokens, base, configuration, progress, exact, answer)
+            history = _session_history(pair.target, request, report, prompt, repeat)
+            finished, costs = _generate(
+                pair, tokens, base, configuration, progress, exact, answer, history
+            )
             main_draft = configuration is not None and configuration.draft_model is None
             if pooled is not None and costs is not None and main_draft:
                 pooled.absorb(costs)
@@ -1046,6 +1078,25 @@ def _reference_tokens(
     return run.tokens if run is not None else []
 
 
+def _session_history(
+    target: Backend, request: BenchRequest, report: BenchReport, prompt: BenchPrompt, repeat: int
+) -> HistoryIndex:
+    """What a "+history" run may draft from: the earlier requests of the prompt's session
+    (file order), each its prompt and the target alone's answer in this repeat. Answers are
+    the same in every configuration, so this is the history a real session would have."""
+    history = HistoryIndex()
+    if prompt.session is None:
+        return history
+    for earlier in request.prompts:
+        if earlier.id == prompt.id:
+            break
+        if earlier.session == prompt.session:
+            answer = _reference_tokens(request, report, earlier.id, repeat)
+            earlier_prompt = earlier.tokens(target, raw=request.raw, system=request.system)
+            history.add([*earlier_prompt, *answer])
+    return history
+
+
 def _reference(request: BenchRequest, configuration: Configuration) -> str:
     """Whose answer a configuration must give: the target alone with the same kernels."""
     return TARGET_ALONE if configuration.label == EXACT_ALONE else _drafted_reference(request)
@@ -1065,6 +1116,7 @@ def _generate(
     progress: BenchProgress,
     exact: bool,
     reference: Sequence[int] = (),
+    history: HistoryIndex | None = None,
 ) -> tuple[Finished, CostModel | None]:
     """One timed run from an empty cache, and the costs its drafter learned (adaptive modes).
     The target alone is Generation with no drafter: one token per decode, exactly what
@@ -1075,7 +1127,7 @@ def _generate(
     if configuration is None:
         generation = Generation(pair.target, prompt, base, drafter=None)
     else:
-        drafter = make_drafter(configuration, pair, reference)
+        drafter = make_drafter(configuration, pair, reference, history)
         generation = Generation(pair.target, prompt, configuration.settings(base), drafter)
     emitted = 0
 
@@ -1158,11 +1210,13 @@ def _load_average() -> list[float] | None:
 
 
 def model_record(backend: Backend, path: Path) -> dict:
+    from .fetch import cached_sha256
+
     record = {
         "path": str(path),
         "file": path.name,
         "size_bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
+        "sha256": cached_sha256(path),
     }
     info = backend.describe()
     record.update(
@@ -1171,17 +1225,3 @@ def model_record(backend: Backend, path: Path) -> dict:
         n_vocab=info.get("n_vocab"),
     )
     return record
-
-
-def file_sha256(path: Path, cache_file: Path | None = None) -> str:
-    """SHA-256 of a file, cached by (path, size, mtime): a model is hashed once, not per run."""
-    from .fetch import sha256_of, specdec_cache_dir
-
-    cache_file = cache_file or specdec_cache_dir() / "sha256.json"
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    known = read_json_cache(cache_file)
-    if key not in known:
-        known[key] = sha256_of(path)
-        write_json_cache(cache_file, known)
-    return known[key]

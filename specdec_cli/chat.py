@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .adaptive import use_history
 from .backend import Backend, encode_template_text
 from .drafters import Drafter, ModelDrafter
 from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
+from .history import HistoryFile, HistoryIndex
 from .session import ModelPair, check_prompt_fits, prediction_tokens, read_prediction
 
 COMMANDS: dict[str, str] = {
@@ -172,9 +174,17 @@ class ChatSession:
         settings: GenerationSettings,
         system: str | None = None,
         drafter: Drafter | None = None,
+        history: HistoryIndex | None = None,
+        history_file: HistoryFile | None = None,
     ) -> None:
-        """`drafter` defaults to the pair's draft model drafting --draft-max tokens a round."""
+        """`drafter` defaults to the pair's draft model drafting --draft-max tokens a round.
+        Each answer goes to `history` (earlier answers an adaptive drafter drafts from, also
+        after /reset or a regenerated turn) and, with --history, to `history_file`."""
         self.pair = pair
+        self.history = history if history is not None else HistoryIndex()
+        self.history_file = history_file
+        self.history_problem: str | None = None  # why the last answer was not stored
+        use_history(drafter, self.history)
         self.settings = settings
         self.system = system or None
         self.exchanges: list[Exchange] = []  # every exchange since the last /reset
@@ -272,6 +282,8 @@ class ChatSession:
     def _finish(self, turn: Turn, finished: Finished) -> TurnRecord:
         generation = turn.generation
         reply = finished.text
+        if finished.finish_reason != FinishReason.INTERRUPTED:
+            self._remember(finished.tokens)
         self.exchanges.append(
             Exchange(turn.user, reply, finished.finish_reason == FinishReason.INTERRUPTED)
         )
@@ -300,6 +312,13 @@ class ChatSession:
         self.records.append(record)
         self.totals.merge(finished.stats)
         return record
+
+    def _remember(self, answer: list[int]) -> None:
+        self.history.add(answer)
+        if self.history_file is not None:
+            self.history_problem = self.history_file.append(answer)
+            if self.history_problem:
+                self.history_file = None  # unwritable: the session goes on without it
 
     def _decoded_counts(self) -> tuple[int, int | None]:
         drafter = self.pair.drafter

@@ -7,6 +7,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from . import render
@@ -19,6 +20,7 @@ from .session import (
     DecodeRequest,
     drafter_for,
     fit_context,
+    load_history,
     load_models,
     remember_costs,
 )
@@ -28,6 +30,7 @@ from .session import (
 class ChatRequest:
     decode: DecodeRequest
     no_color: bool = False
+    history: Path | None = None  # --history: a folder of earlier prompts and answers
 
 
 def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
@@ -39,7 +42,13 @@ def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
         pair = load_models(decode)
         fit_context(pair, decode.hardware, CHAT_CONTEXT)
         drafter = drafter_for(decode, pair)
-    session = ChatSession(pair, decode.generation_settings(), decode.system, drafter=drafter)
+        history = index = None
+        if request.history is not None:
+            history, index, damaged = load_history(request.history, decode.target)
+            render.print_history_damage(render.stderr_console(), history.path, damaged)
+    session = ChatSession(
+        pair, decode.generation_settings(), decode.system, drafter, index, history
+    )
     drafter_label = decode.draft.name if decode.draft else None
     if decode.drafter_mode == "ngram":
         drafter_label = "prompt lookup"
@@ -111,6 +120,9 @@ def _reply(session: ChatSession, view: render.ChatView, text: str, catch_interru
     record = turn.record
     assert record is not None  # set by the Finished event, or by stop()
     view.end_reply(record.stats, record.finish_reason)
+    if session.history_problem:
+        view.notice(f"history: {session.history_problem}; not storing answers any more")
+        session.history_problem = None
 
 
 class _CtrlC:

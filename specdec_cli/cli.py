@@ -15,6 +15,7 @@ from . import render
 from .adaptive import ADAPTIVE_DRAFT_LIMIT, default_draft_max
 from .engine import SamplingRule
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
+from .history import DEFAULT_HISTORY_TOKENS
 from .sampling import SamplingSettings
 from .session import DecodeRequest, HardwareOptions
 
@@ -66,6 +67,16 @@ DraftMaxOpt = Annotated[
         min=1,
         max=ADAPTIVE_DRAFT_LIMIT,
         help=f"Most tokens drafted per round (default: 8 fixed, else {ADAPTIVE_DRAFT_LIMIT}).",
+    ),
+]
+HistoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--history",
+        envvar="SPECDEC_HISTORY",
+        file_okay=False,
+        help="Keep prompts and answers in this folder and draft from them in later runs "
+        "(text is stored only when asked; `specdec history` shows and clears it).",
     ),
 ]
 NoDraftOpt = Annotated[
@@ -307,6 +318,17 @@ def run(
             "drafts follow it, the answer stays the target's. '-' reads it from stdin.",
         ),
     ] = None,
+    history: HistoryOpt = None,
+    prompt_cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompt-cache",
+            envvar="SPECDEC_PROMPT_CACHE",
+            file_okay=False,
+            help="Save the models' state after the prompt in this folder, and start from the "
+            "saved state sharing the longest prefix with the next prompt (same answer).",
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON record.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -323,7 +345,7 @@ def run(
             target, draft, models=models, offline=offline, mode=mode
         )
         decode = decode_request(target_path, draft_path, mode, given)
-        request = RunRequest(decode, text, raw, verify, prediction)
+        request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
 
@@ -392,6 +414,36 @@ def list_models(
             render_fetch.print_models_table(statuses, paths=paths)
 
 
+@app.command(name="history")
+def show_history(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            envvar="SPECDEC_HISTORY",
+            file_okay=False,
+            help="The --history folder (default: $SPECDEC_HISTORY).",
+            show_default=False,
+        ),
+    ] = None,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="Delete the stored prompts and answers.")
+    ] = False,
+) -> None:
+    """Show what a --history folder holds (or clear it)."""
+    from . import history
+
+    with user_errors():
+        if folder is None:
+            raise BadUsageError(
+                "no history folder given.", "Name one (specdec history DIR) or set SPECDEC_HISTORY."
+            )
+        if clear:
+            cleared = history.clear(folder)
+            render.stderr_console().print(f"cleared {cleared} history file(s) in {folder}")
+        else:
+            render.print_history(render.stdout_console(), folder, history.summarize(folder))
+
+
 @app.command()
 def chat(
     draft: DraftOpt = None,
@@ -419,6 +471,7 @@ def chat(
     no_color: Annotated[
         bool, typer.Option("--no-color", help="No colours (the NO_COLOR variable does the same).")
     ] = False,
+    history: HistoryOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Talk with the target, drafted for by the drafter; tokens coloured by who produced them.
@@ -435,7 +488,7 @@ def chat(
             target, draft, models=models, offline=offline, mode=mode
         )
         decode = decode_request(target_path, draft_path, mode, given)
-        request = ChatRequest(decode, no_color=no_color)
+        request = ChatRequest(decode, no_color=no_color, history=history)
         code = run_chat(request)
     raise typer.Exit(code)
 
@@ -467,6 +520,15 @@ def serve(
     json_log: Annotated[
         bool, typer.Option("--json-log", help="Log one JSON object per request on stderr.")
     ] = False,
+    history_tokens: Annotated[
+        int,
+        typer.Option(
+            "--history-tokens",
+            min=0,
+            help="Earlier prompts and answers kept in memory to draft from, in tokens "
+            "(0: none). Never written to disk.",
+        ),
+    ] = DEFAULT_HISTORY_TOKENS,
     system: Annotated[
         str | None,
         typer.Option("--system", help="System message for requests that send none."),
@@ -508,7 +570,7 @@ def serve(
             target, draft, models=models, offline=offline, mode=mode
         )
         decode = decode_request(target_path, draft_path, mode, given)
-        options = ServeOptions(host, port, api_key or None, max_queue, json_log)
+        options = ServeOptions(host, port, api_key or None, max_queue, json_log, history_tokens)
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
     raise typer.Exit(code)
@@ -521,7 +583,12 @@ def bench(
     models: ModelsFileOpt = None,
     offline: OfflineOpt = False,
     prompts: Annotated[
-        Path | None, typer.Option("--prompts", help="YAML or JSONL prompts instead of the suite.")
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help="YAML or JSONL prompts instead of the suite, or 'sessions': requests that "
+            "share history (compare combined with combined+history).",
+        ),
     ] = None,
     category: Annotated[
         list[str] | None, typer.Option("--category", help="Only these categories (a,b or repeat).")

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from .errors import ChecksumError, FetchError, IncompatibleModelsError, ModelFileError
 from .gguf_meta import FingerprintCache, read_gguf_info
+from .json_cache import read_json_cache, write_json_cache
 from .registry import (
     HubSource,
     ModelEntry,
@@ -173,6 +174,18 @@ def sha256_of(path: Path) -> str:
         while block := f.read(_CHUNK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def cached_sha256(path: Path, cache_file: Path | None = None) -> str:
+    """SHA-256 of a file, cached by (path, size, mtime): a model is hashed once, not per run."""
+    cache_file = cache_file or specdec_cache_dir() / "sha256.json"
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    known = read_json_cache(cache_file)
+    if key not in known:
+        known[key] = sha256_of(path)
+        write_json_cache(cache_file, known)
+    return known[key]
 
 
 def _verify(entry: ModelEntry, path: Path, actual_sha: str | None = None) -> None:

@@ -41,14 +41,14 @@ def update_json_cache(path: Path, change: Callable[[dict], None]) -> None:
     """Re-read the cache, let `change` edit it in place, write it back: all under a lock, so
     a key another process wrote between our read and our write is kept, not overwritten by
     our older copy of the file."""
-    with _locked(path):
+    with locked(path):
         entries = read_json_cache(path)
         change(entries)
         write_json_cache(path, entries)
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """An advisory lock on `path`.lock; without one (no fcntl, an unwritable folder) the
     update goes ahead unlocked: a lost cache entry only costs a probe."""
     handle = None

@@ -313,6 +313,39 @@ class LlamaBackend:
         keep = kept_prefix(self.cached, prompt, 1)  # as logits_for_suffix keeps
         return self._aligned_start(keep) if self.exact else keep
 
+    @property
+    def reusable_prompt(self) -> int:
+        """How many cached tokens a later prompt sharing them may keep: in exact mode the
+        whole prompt chunks (computed as a fresh prefill computes them), else all."""
+        return self._aligned_prompt_end if self.exact else len(self.cached)
+
+    def reusable_prefix(self, shared: int) -> int:
+        """Of `shared` leading prompt tokens in a restored state, how many a prompt keeps:
+        in exact mode whole prompt chunks only (see _decode_prompt_aligned)."""
+        size = self._prompt_chunk()
+        return shared // size * size if self.exact else shared
+
+    def save_state(self, n_tokens: int) -> bytes:
+        """llama.cpp's state of the first `n_tokens` cached tokens (the rest is dropped)."""
+        self.truncate(n_tokens)
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, _SEQ)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, _SEQ)
+        return bytes(buffer)[:written]
+
+    def restore_state(self, state: bytes, tokens: Sequence[int]) -> bool:
+        """Load a state `save_state` gave for `tokens` (same model and kernels: the caller's
+        key). In exact mode they count as whole prompt chunks, so only a state saved at a
+        chunk boundary may be restored. False (and an empty cache) if llama.cpp refuses."""
+        self.truncate(0)
+        data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if not state or not llama_cpp.llama_state_seq_set_data(self._ctx, data, len(state), _SEQ):
+            llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, 0, -1)
+            return False
+        self.cached = [int(t) for t in tokens]
+        self._aligned_prompt_end = len(self.cached)
+        return True
+
     def truncate(self, n_keep: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
             raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")

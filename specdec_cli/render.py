@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 from typing import IO, TextIO
 
 from rich.console import Console
@@ -13,11 +14,16 @@ from rich.text import Text
 
 from .comparison import Comparison
 from .engine import FinishReason, GenerationStats, Piece, TokenKind
+from .history import HistorySummary
 
 
 def stderr_console(no_color: bool = False) -> Console:
     # None, not False, when colour is allowed: False would override the NO_COLOR variable.
     return Console(stderr=True, no_color=no_color or None, highlight=False)
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False)
 
 
 class AnswerStream:
@@ -89,6 +95,41 @@ def costs_summary(costs: dict) -> str:
 
 def print_costs(console: Console, costs: dict) -> None:
     console.print(f"[dim]{escape(costs_summary(costs))}[/dim]", soft_wrap=True)
+
+
+def print_history(console: Console, folder: Path, summaries: list[HistorySummary]) -> None:
+    if not summaries:
+        console.print(f"No history in {folder}.")
+        return
+    for s in summaries:
+        damaged = f", {s.damaged} damaged line(s) skipped" if s.damaged else ""
+        console.print(
+            f"{s.path}: {s.documents} documents, {s.tokens} tokens, "
+            f"{s.bytes / 1e6:.2f} MB{damaged}",
+            soft_wrap=True,
+        )
+
+
+def print_history_damage(console: Console, path: Path, damaged: int) -> None:
+    if damaged:
+        console.print(
+            f"[yellow]history:[/yellow] skipped {damaged} damaged line(s) of {escape(str(path))}.",
+            soft_wrap=True,
+        )
+
+
+def print_warning(console: Console, label: str, message: str) -> None:
+    console.print(f"[yellow]{escape(label)}:[/yellow] {escape(message)}", soft_wrap=True)
+
+
+def print_skipped_cache_files(console: Console, paths: list[Path]) -> None:
+    """Prompt-cache files that were damaged or not ours: skipped, never trusted."""
+    if paths:
+        console.print(
+            f"[yellow]prompt cache:[/yellow] skipped {len(paths)} damaged or foreign "
+            f"file(s), e.g. {escape(str(paths[0]))}; delete them to save the space.",
+            soft_wrap=True,
+        )
 
 
 def comparison_summary(comparison: Comparison, plain_tps: float, speculative_tps: float) -> str:

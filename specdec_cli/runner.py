@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import render
-from .adaptive import CostModel, costs_of
+from .adaptive import CostModel, costs_of, use_history
 from .comparison import Comparison, compare_outputs
+from .drafters import Drafter
 from .engine import Finished, Generation
 from .errors import EXIT_INTERRUPTED
+from .history import HistoryFile
+from .prompt_cache import PromptCache, StatefulBackend
 from .session import (
     DecodeRequest,
     ModelPair,
     check_prompt_fits,
     drafter_for,
     fit_context,
+    load_history,
     load_models,
     prediction_tokens,
+    prompt_cache_key,
     prompt_tokens,
     remember_costs,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_OK = 0
 
@@ -33,6 +44,8 @@ class RunRequest:
     raw: bool = False
     verify: bool = False
     prediction: str | None = None  # --predict: text the answer is expected to mostly repeat
+    history: Path | None = None  # --history: a folder of earlier prompts and answers
+    prompt_cache: Path | None = None  # --prompt-cache: a folder of saved KV states
 
     def settings_record(self) -> dict:
         return {**self.decode.record(), "raw": self.raw, "predicted": self.prediction is not None}
@@ -48,7 +61,9 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
         )
         fit_context(pair, request.decode.hardware, len(prompt) + request.decode.max_tokens)
         drafter = drafter_for(request.decode, pair)
+        memory = _Memory.open(request, pair, drafter, err)
     check_prompt_fits(prompt, pair.target.n_ctx)
+    memory.restore(pair, prompt)
 
     predicted = prediction_tokens(pair.target, request.prediction)
     settings = replace(request.decode.generation_settings(), prediction=predicted)
@@ -59,9 +74,11 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
     if costs is not None:  # the next run starts from what this one measured
         remember_costs(pair, request.decode.hardware, costs)
     check = _check(pair, prompt, request, finished) if request.verify else None
+    if not interrupted:
+        memory.keep(pair, prompt, finished, err)
 
     if answer is None:
-        render.print_json(sys.stdout, _record(request, finished, check, costs))
+        render.print_json(sys.stdout, _record(request, finished, check, costs, memory.restored))
     else:
         answer.finish_line()
         if interrupted:
@@ -73,6 +90,57 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
         if check is not None:
             err.print(check.summary(finished), soft_wrap=True)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+@dataclass
+class _Memory:
+    """--history and --prompt-cache: what a run reads before it answers and keeps after."""
+
+    history: HistoryFile | None = None
+    cache: PromptCache | None = None
+    # Prompt tokens restored from a saved state, and the seconds looking and restoring took.
+    restored: tuple[int, float] | None = None
+
+    @classmethod
+    def open(
+        cls, request: RunRequest, pair: ModelPair, drafter: Drafter | None, err: Console
+    ) -> _Memory:
+        memory = cls()
+        if request.history is not None:
+            memory.history, index, damaged = load_history(request.history, request.decode.target)
+            render.print_history_damage(err, memory.history.path, damaged)
+            use_history(drafter, index)
+        if request.prompt_cache is not None and isinstance(pair.target, StatefulBackend):
+            key = prompt_cache_key(pair, request.decode.hardware)
+            memory.cache = PromptCache(request.prompt_cache, key)
+        return memory
+
+    def restore(self, pair: ModelPair, prompt: list[int]) -> None:
+        """Load the saved state sharing the longest prefix with the prompt; the first decode
+        then computes only the rest, as for any cached prefix."""
+        if self.cache is None or not isinstance(pair.target, StatefulBackend):
+            return
+        began = time.perf_counter()
+        found = self.cache.best(prompt, pair.target)
+        reused = 0
+        if found is not None and self.cache.restore(found[0], pair.target, _stateful(pair.drafter)):
+            reused = found[1]
+        self.restored = (reused, time.perf_counter() - began)
+
+    def keep(self, pair: ModelPair, prompt: list[int], finished: Finished, err: Console) -> None:
+        if self.history is not None:
+            problem = self.history.append([*prompt, *finished.tokens])
+            if problem:
+                render.print_warning(err, "history", problem)
+        if self.cache is not None and isinstance(pair.target, StatefulBackend):
+            self.cache.store(prompt, pair.target, _stateful(pair.drafter))
+            render.print_skipped_cache_files(err, self.cache.skipped)
+            if self.cache.problem:
+                render.print_warning(err, "prompt cache", self.cache.problem)
+
+
+def _stateful(backend: object) -> StatefulBackend | None:
+    return backend if isinstance(backend, StatefulBackend) else None
 
 
 @dataclass(frozen=True)
@@ -106,7 +174,11 @@ def _check(pair: ModelPair, prompt: list[int], request: RunRequest, speculative:
 
 
 def _record(
-    request: RunRequest, finished: Finished, check: Check | None, costs: CostModel | None
+    request: RunRequest,
+    finished: Finished,
+    check: Check | None,
+    costs: CostModel | None,
+    restored: tuple[int, float] | None,
 ) -> dict:
     record = {
         "text": finished.text,
@@ -116,6 +188,11 @@ def _record(
         "settings": request.settings_record(),
         # The decode costs the planner started from and ended with (adaptive modes).
         "costs": None if costs is None else costs.as_dict(),
+        # --prompt-cache: how many prompt tokens came from a saved state, and the seconds its
+        # lookup and restoring took (before the generation, so not in first_token_seconds).
+        "prompt_cache": None
+        if restored is None
+        else {"reused_tokens": restored[0], "restore_seconds": round(restored[1], 4)},
     }
     if check is not None:
         record["verify"] = {

@@ -24,10 +24,12 @@ from dataclasses import dataclass, replace
 
 import jinja2
 
+from .adaptive import use_history
 from .backend import encode_chat
 from .drafters import Drafter
 from .engine import Finished, Generation, GenerationSettings, Piece
 from .errors import SpecdecError
+from .history import HistoryIndex
 from .serve_protocol import Answer, ApiError, bad_request
 from .session import ModelPair, check_prompt_fits
 
@@ -96,9 +98,20 @@ class Job:
 
 
 class Worker:
-    def __init__(self, pair: ModelPair, drafter: Drafter | None, *, max_queue: int) -> None:
+    def __init__(
+        self,
+        pair: ModelPair,
+        drafter: Drafter | None,
+        *,
+        max_queue: int,
+        history: HistoryIndex | None = None,
+    ) -> None:
+        """`history`: every finished request's prompt and answer go there, and the drafter
+        drafts from them (one history: the server has one API key at most)."""
         self.pair = pair
         self.drafter = drafter
+        self.history = history
+        use_history(drafter, history)
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
@@ -210,6 +223,8 @@ class Worker:
                     finished = event
         finally:
             events.close()
+        if finished is not None and self.history is not None:
+            self.history.add([*prompt, *finished.tokens])
         job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
 
     def _tokens(self, prompt: ChatPrompt | TextPrompt) -> list[int]:

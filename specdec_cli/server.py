@@ -28,6 +28,7 @@ from . import render, render_serve
 from .adaptive import costs_of
 from .engine import GenerationSettings
 from .errors import SpecdecError
+from .history import DEFAULT_HISTORY_TOKENS, HistoryIndex
 from .render_serve import RequestLog, RequestRecord
 from .serve_protocol import (
     Answer,
@@ -55,6 +56,8 @@ class ServeOptions:
     api_key: str | None = None
     max_queue: int = 16
     json_log: bool = False
+    # Earlier prompts and answers kept in memory to draft from (0: none); see README.
+    history_tokens: int = DEFAULT_HISTORY_TOKENS
 
 
 @dataclass(frozen=True)
@@ -438,7 +441,8 @@ def serve(request: ServeRequest) -> int:
         pair = load_models(request.decode)
         fit_context(pair, request.decode.hardware, SERVE_CONTEXT)
         drafter = drafter_for(request.decode, pair)
-    worker = Worker(pair, drafter, max_queue=options.max_queue)
+    history = HistoryIndex(options.history_tokens) if options.history_tokens > 0 else None
+    worker = Worker(pair, drafter, max_queue=options.max_queue, history=history)
     log = RequestLog(sys.stderr, json_lines=options.json_log)
     state = ServerState(
         worker, request.decode, aliases=request.aliases, api_key=options.api_key, log=log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from .compat import check_compatible
 from .drafters import Drafter
 from .engine import GenerationSettings, SamplingRule
 from .errors import BadUsageError, ContextOverflowError
+from .history import HistoryFile, HistoryIndex
 from .json_cache import read_json_cache, update_json_cache
 from .sampling import SamplingSettings
 
@@ -162,6 +164,16 @@ def load_drafter(
     return drafter
 
 
+def load_history(folder: Path, target: Path) -> tuple[HistoryFile, HistoryIndex, int]:
+    """The --history file for a target (one per vocabulary, see HistoryFile), its index, and
+    how many damaged lines were skipped."""
+    from .fetch import FINGERPRINT_CHARS, fingerprints
+
+    file = HistoryFile(folder, fingerprints().fingerprint(target)[:FINGERPRINT_CHARS])
+    index, damaged = file.load()
+    return file, index, damaged
+
+
 def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}] if system else []
     return [*messages, {"role": "user", "content": user_text}]
@@ -288,6 +300,20 @@ def _cached_costs(entry: object) -> CostModel | None:
         return None
     origin = f"cache ({entry.get('origin', 'probe')})"
     return CostModel(table, step, origin=origin, started_at=measured_at)
+
+
+def prompt_cache_key(pair: ModelPair, hardware: HardwareOptions) -> str:
+    """What a saved KV state depends on: each model file's content, the kernels (exact or
+    fast, and the build), threads and GPU layers."""
+    from . import llama_backend
+    from .fetch import cached_sha256
+
+    files = [cached_sha256(b.path) if b and b.path else "-" for b in (pair.target, pair.drafter)]
+    setup = (
+        f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
+        f":{llama_backend.kernel_signature(hardware.exact)}"
+    )
+    return hashlib.sha256("|".join([*files, setup]).encode()).hexdigest()
 
 
 def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = None) -> str | None:

@@ -23,6 +23,8 @@ def _point_caches_at(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HOME", str(directory / "huggingface"))
     # huggingface_hub reads HF_HOME once, at import; fetch reads HF_HUB_CACHE at each call.
     monkeypatch.setenv("HF_HUB_CACHE", str(directory / "huggingface" / "hub"))
+    # A user's history folder never receives the tests' prompts.
+    monkeypatch.delenv("SPECDEC_HISTORY", raising=False)
 
 
 @pytest.fixture(autouse=True, scope="session")

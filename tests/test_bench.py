@@ -17,6 +17,7 @@ from specdec_cli import bench
 from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.engine import FinishReason, GenerationStats, SamplingRule
 from specdec_cli.errors import BadUsageError, ContextOverflowError
+from specdec_cli.fetch import cached_sha256
 from specdec_cli.sampling import SamplingSettings
 from specdec_cli.session import HardwareOptions
 
@@ -159,14 +160,14 @@ def test_speedup_estimate():
 def test_sha256_is_cached(tmp_path, monkeypatch):
     model = write(tmp_path, "m.gguf", "GGUF and some bytes")
     cache = tmp_path / "sha.json"
-    digest = bench.file_sha256(model, cache)
+    digest = cached_sha256(model, cache)
     assert digest == hashlib.sha256(model.read_bytes()).hexdigest()
 
     def no_rehash(path):
         raise AssertionError("hashed twice")
 
     monkeypatch.setattr("specdec_cli.fetch.sha256_of", no_rehash)
-    assert bench.file_sha256(model, cache) == digest
+    assert cached_sha256(model, cache) == digest
 
 
 # --- end to end on tiny GGUF pairs --------------------------------------------------------------
@@ -494,3 +495,54 @@ def test_the_target_alone_makes_one_token_per_pass_when_its_answer_ends_at_eos()
     record = bench.RunRecord("p", "qa", bench.TARGET_ALONE, 0, 0, [], "", FinishReason.STOP, stats)
     assert bench.Aggregate.of([record]).tokens_per_pass == 1.0
 
+
+def test_history_modes_parse_and_only_adaptive_modes_take_them():
+    assert bench.split_mode("combined+history") == ("combined", False, True)
+    assert bench.split_mode("ngram+prediction+history") == ("ngram", True, True)
+    assert bench.split_mode("ngram+history+prediction") == ("ngram", True, True)
+    assert [c.history for c in bench.configurations(None, ["ngram", "ngram+history"])] == [
+        False,
+        True,
+    ]
+    with pytest.raises(BadUsageError, match="fixed\\+history"):
+        bench.configurations(None, ["fixed+history"])
+
+
+def test_the_built_in_sessions_repeat_across_requests():
+    prompts = bench.load_prompts(Path("sessions"))
+    sessions: dict[str, list[str]] = {}
+    for prompt in prompts:
+        assert prompt.session is not None
+        sessions.setdefault(prompt.session, []).append(prompt.id)
+    assert {s: len(ids) for s, ids in sessions.items()} == {
+        "extract-invoices": 8,
+        "licence-headers": 6,
+        "agent-users-module": 6,
+    }
+
+
+def test_a_history_mode_drafts_from_the_sessions_earlier_answers(tiny_models, tmp_path):
+    # Three requests of one session ask the same thing: from the second on, the earlier
+    # answers are there to draft from; a request outside the session has none.
+    text = "the cat sat on the mat and the dog"
+    prompts = write(tmp_path, "p.yaml", "".join(
+        f"- {{id: r{i}, category: qa, max_tokens: 24, text: '{text}', session: {session}}}\n"
+        for i, session in ((1, "s"), (2, "s"), (3, "s"), (4, "other"))
+    ))  # fmt: skip
+    out = tmp_path / "b.json"
+    result = runner.invoke(app(), bench_args(
+        tiny_models, prompts, "--drafter", "ngram,ngram+history", "--repeats", "1",
+        "--json", str(out),
+    ))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    runs = {(r["prompt"], r["side"]): r for r in json.loads(out.read_text())["runs"]}
+    history = f"ngram+history k={ADAPTIVE_DRAFT_LIMIT}"
+    used = {p: runs[(p, history)]["draft_sources"].get("history", 0) for p in runs_of(runs)}
+    assert used == {"r1": 0, "r2": used["r2"], "r3": used["r3"], "r4": 0}
+    assert used["r2"] > 0 and used["r3"] > 0
+    for p in runs_of(runs):
+        assert runs[(p, history)]["text"] == runs[(p, bench.TARGET_ALONE)]["text"]
+
+
+def runs_of(runs: dict) -> list[str]:
+    return sorted({prompt for prompt, _ in runs})

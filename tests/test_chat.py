@@ -280,3 +280,21 @@ def test_predict_with_a_missing_file_says_so(tiny_models, tmp_path):
     session = new_session(tiny_models, drafter=False)
     with pytest.raises(BadUsageError, match="cannot read the prediction"):
         session.predict(str(tmp_path / "nope.txt"))
+
+
+def test_after_a_reset_the_same_question_drafts_from_the_earlier_answer(tiny_models, tmp_path):
+    from specdec_cli.adaptive import CostModel, build_drafter
+    from specdec_cli.history import HistoryFile
+
+    pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
+    costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)
+    drafter = build_drafter("ngram", pair.target, None, costs=costs)
+    file = HistoryFile(tmp_path, "vocab")
+    session = ChatSession(pair, GenerationSettings(max_tokens=30), drafter=drafter)
+    session.history_file = file
+    first = run_turn(session, FIRST)
+    session.reset()  # the conversation is gone; what the model wrote is still known
+    again = run_turn(session, FIRST)
+    assert again.text == first.text
+    assert first.stats.draft_sources["history"] == 0 < again.stats.draft_sources["history"]
+    assert [list(d) for d in file.load()[0].documents()] == [first.tokens, again.tokens]

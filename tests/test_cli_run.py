@@ -317,3 +317,31 @@ def test_a_draft_longer_than_the_exact_batch_limit_is_refused():
     assert "--draft-max" in result.output and "no-such-model" not in result.output
     assert ADAPTIVE_DRAFT_LIMIT + 1 <= EXACT_BATCH_ROWS
 
+
+def test_history_is_kept_only_when_asked_and_later_runs_draft_from_it(tiny_models, tmp_path):
+    folder = tmp_path / "history"
+    args = ("--drafter", "ngram", "-n", "32", "--history", str(folder))
+    first = run_json(tiny_models, "one two three four", *args)
+    second = run_json(tiny_models, "one two three four", *args)
+    plain = run_json(tiny_models, "one two three four", "--no-draft", "-n", "32")
+    assert first["text"] == second["text"] == plain["text"]
+    assert first["stats"]["draft_sources"].get("history", 0) == 0
+    assert second["stats"]["draft_sources"].get("history", 0) > 0
+    [stored] = list(folder.glob("*.jsonl"))
+    assert len(stored.read_text().splitlines()) == 2
+    # Without --history (and no SPECDEC_HISTORY) nothing is written anywhere.
+    before = sorted(p for p in specdec_cache_dir().rglob("*") if p.suffix == ".jsonl")
+    run_json(tiny_models, "one two three four", "--drafter", "ngram", "-n", "8")
+    assert sorted(p for p in specdec_cache_dir().rglob("*") if p.suffix == ".jsonl") == before
+
+
+def test_a_damaged_history_line_is_one_warning_and_the_run_goes_on(tiny_models, tmp_path):
+    folder = tmp_path / "history"
+    run_json(tiny_models, "the cat", "--drafter", "ngram", "-n", "8", "--history", str(folder))
+    [stored] = list(folder.glob("*.jsonl"))
+    with open(stored, "a") as out:
+        out.write('{"tokens": [1, 2\n')
+    result = invoke(["run", "the cat", "--raw", "--target", str(tiny_models.target), "--drafter",
+                     "ngram", "-n", "8", "--history", str(folder)])  # fmt: skip
+    assert result.exit_code == 0
+    assert "skipped 1 damaged line" in result.stderr

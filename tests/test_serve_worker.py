@@ -9,7 +9,9 @@ import jinja2
 import pytest
 
 from specdec_cli import serve_worker
+from specdec_cli.adaptive import CostModel, build_drafter
 from specdec_cli.engine import Generation, GenerationSettings
+from specdec_cli.history import HistoryIndex
 from specdec_cli.serve_protocol import Answer
 from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker
 from specdec_cli.session import HardwareOptions, load_pair
@@ -94,3 +96,30 @@ def test_a_template_that_refuses_the_messages_is_a_400(worker, monkeypatch):
     assert failed.error.status == 400 and "alternate" in failed.error.message
     answer = run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=4))[-1]
     assert isinstance(answer, Answer)
+
+
+def drafting_worker(tiny_models, history: HistoryIndex | None) -> Worker:
+    pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=512, threads=1))
+    # Verification priced as free: every match worth drafting is drafted.
+    costs = CostModel({1: 1.0, 64: 1.0}, 0.0, learn=False)
+    worker = Worker(
+        pair, build_drafter("ngram", pair.target, None, costs), max_queue=4, history=history
+    )
+    worker.start()
+    return worker
+
+
+def test_a_repeated_request_drafts_from_the_history_and_answers_the_same(tiny_models):
+    prompt, settings = TextPrompt("the cat sat on"), GenerationSettings(max_tokens=24)
+    answers = {}
+    for label, history in (("kept", HistoryIndex()), ("none", None)):
+        worker = drafting_worker(tiny_models, history)
+        try:
+            answers[label] = [run_job(worker, prompt, settings)[-1].finished for _ in range(2)]
+        finally:
+            worker.close()
+    kept, none = answers["kept"], answers["none"]
+    assert [f.tokens for f in kept] == [f.tokens for f in none]
+    assert kept[1].stats.draft_sources["history"] > 0
+    assert kept[0].stats.draft_sources["history"] == 0  # nothing before the first request
+    assert none[1].stats.draft_sources["history"] == 0
