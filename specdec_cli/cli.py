@@ -197,14 +197,26 @@ def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
 DEFAULT_TARGET = "large"
 
 
-def check_drafter_mode(mode: str) -> str:
+def drafting_mode(drafter: str, no_draft: bool, draft: str | None) -> str:
+    """The drafting mode run, chat and serve use ("none": the target alone), once the
+    options are known not to contradict each other: a flag that would be silently ignored
+    is refused with how to fix it."""
     from .adaptive import DRAFTER_MODES
 
-    if mode not in DRAFTER_MODES:
+    if drafter not in DRAFTER_MODES:
         raise BadUsageError(
-            f"unknown --drafter {mode!r}.", f"Use one of: {', '.join(DRAFTER_MODES)}."
+            f"unknown --drafter {drafter!r}.", f"Use one of: {', '.join(DRAFTER_MODES)}."
         )
-    return mode
+    if draft and no_draft:
+        raise BadUsageError(
+            "--draft and --no-draft contradict each other.", "Give only one of them."
+        )
+    if draft and drafter == "ngram":
+        raise BadUsageError(
+            "--drafter ngram drafts without a model, so --draft would be ignored.",
+            "Drop --draft, or use --drafter combined to draft with both.",
+        )
+    return "none" if no_draft else drafter
 
 
 def resolve_models(
@@ -338,7 +350,7 @@ def run(
     given = dict(locals())  # the options run, chat and serve share: see decode_request
 
     with user_errors():
-        mode = "none" if no_draft else check_drafter_mode(drafter)
+        mode = drafting_mode(drafter, no_draft, draft)
         prediction = read_predict_option(predict, prompt)
         text = read_prompt(prompt, stdin_taken=predict == "-")
         target_path, draft_path = resolve_models(
@@ -483,7 +495,7 @@ def chat(
     given = dict(locals())  # the options run, chat and serve share: see decode_request
 
     with user_errors():
-        mode = "none" if no_draft else check_drafter_mode(drafter)
+        mode = drafting_mode(drafter, no_draft, draft)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
@@ -565,7 +577,7 @@ def serve(
     given = dict(locals())  # the options run, chat and serve share: see decode_request
 
     with user_errors():
-        mode = "none" if no_draft else check_drafter_mode(drafter)
+        mode = drafting_mode(drafter, no_draft, draft)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )

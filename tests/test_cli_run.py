@@ -43,7 +43,8 @@ def test_greedy_speculative_output_equals_the_target_alone(tiny_models, prompt):
     assert fixed["stats"]["accepted"] > 0
     assert plain["stats"]["drafted"] == 0
     for mode in ("combined", "model", "ngram"):
-        adaptive = run_json(tiny_models, prompt, "--draft", drafter, "--drafter", mode, "-n", "48")
+        model = ("--draft", drafter) if mode != "ngram" else ()
+        adaptive = run_json(tiny_models, prompt, *model, "--drafter", mode, "-n", "48")
         assert adaptive["tokens"] == plain["tokens"], mode
 
 
@@ -345,3 +346,18 @@ def test_a_damaged_history_line_is_one_warning_and_the_run_goes_on(tiny_models, 
                      "ngram", "-n", "8", "--history", str(folder)])  # fmt: skip
     assert result.exit_code == 0
     assert "skipped 1 damaged line" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve"])
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--draft", "small", "--no-draft"], "--draft and --no-draft contradict"),
+        (["--draft", "small", "--drafter", "ngram"], "--draft would be ignored"),
+    ],
+)
+def test_options_that_would_be_silently_ignored_are_refused_first(command, flags, said):
+    args = [command, *(["hi"] if command == "run" else []), "--target", "no-such-model", *flags]
+    result = invoke(args)
+    assert result.exit_code == 2
+    assert said in result.output and "no-such-model" not in result.output

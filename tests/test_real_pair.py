@@ -62,7 +62,8 @@ PROMPTS = one_prompt_per_category()
 
 def run_json(paths, text: str, *args: str) -> dict:
     target, drafter = paths
-    base = ["run", text, "--target", str(target), "--draft", str(drafter), "-n", str(TOKENS)]
+    draft = [] if "--no-draft" in args or "ngram" in args else ["--draft", str(drafter)]
+    base = ["run", text, "--target", str(target), *draft, "-n", str(TOKENS)]
     result = CliRunner().invoke(app, [*base, "--json", "--ctx-size", "2048", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)

@@ -46,7 +46,8 @@ def test_gemma_logits_do_not_depend_on_the_batch_in_exact_mode(gemma, exact, thr
 
 def run_json(gemma, text: str, *args: str) -> dict:
     target, drafter = gemma
-    base = ["run", text, "--raw", "--target", str(target), "--draft", str(drafter), "-n", "96"]
+    draft = [] if "--no-draft" in args or "ngram" in args else ["--draft", str(drafter)]
+    base = ["run", text, "--raw", "--target", str(target), *draft, "-n", "96"]
     result = CliRunner().invoke(app, [*base, "--json", "--ctx-size", "1024", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
