@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -634,21 +634,15 @@ class AdaptiveDrafter:
         if self.prediction is None:
             return NO_MATCH, 0, 0.0
         match = self.prediction.lookup(context[self.prompt_length :], max_tokens)
-        if not match.tokens:
-            return match, 0, 0.0
-        first = self.acceptance.for_prediction(match.length)
-        return match, *self._match_plan(match, first, self.acceptance.prediction_next)
+        following = self.acceptance.prediction_next
+        return self._match_plan(match, self.acceptance.for_prediction, lambda _: following)
 
     def _ngram_plan(self, context: Sequence[int], max_tokens: int) -> tuple[NgramMatch, int, float]:
         """The match (looked up, not taken), the best length to use (0: none), its rate."""
         if self.ngram is None:
             return NO_MATCH, 0, 0.0
         match = self.ngram.candidates(context, max_tokens)
-        if not match.tokens:
-            return match, 0, 0.0
-        first = self.acceptance.for_ngram(match.length)
-        following = self.acceptance.ngram_next(match.length)
-        return match, *self._match_plan(match, first, following)
+        return self._match_plan(match, self.acceptance.for_ngram, self.acceptance.ngram_next)
 
     def _history_plan(
         self, context: Sequence[int], max_tokens: int
@@ -657,15 +651,21 @@ class AdaptiveDrafter:
         if self.history is None:
             return NO_MATCH, 0, 0.0
         match = self.history.lookup(context, max_tokens)
+        return self._match_plan(match, self.acceptance.for_history, self.acceptance.history_next)
+
+    def _match_plan(
+        self,
+        match: NgramMatch,
+        first: Callable[[int], Rate],
+        following: Callable[[int], Rate],
+    ) -> tuple[NgramMatch, int, float]:
+        """A point-mass draft of `match` (free to propose, so only verification costs), its
+        first token and the rest trusted at the rates for its match length: the match, the
+        best length (0: none) and its rate."""
         if not match.tokens:
             return match, 0, 0.0
-        first = self.acceptance.for_history(match.length)
-        following = self.acceptance.history_next(match.length)
-        return match, *self._match_plan(match, first, following)
-
-    def _match_plan(self, match: NgramMatch, first: Rate, following: Rate) -> tuple[int, float]:
-        """A point-mass draft of `match`: free to propose, so only verification costs."""
-        return self._best_length(first.value, following.value, len(match.tokens), 0.0)
+        rates = first(match.length).value, following(match.length).value
+        return match, *self._best_length(*rates, len(match.tokens), 0.0)
 
     def _model_acceptance(self) -> tuple[float, float]:
         return self.acceptance.model_first.value, self.acceptance.by_confidence[-2].value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -235,17 +236,14 @@ def test_a_short_match_drafts_less_than_a_long_one_after_a_long_copy():
         tokens = list(range(31))
         copy = Draft(tokens, [Distribution.point(t) for t in tokens], "ngram", match_length=16)
         drafter.acceptance.learn(copy, n_accepted=31)
-    long_k = drafter._match_plan(ngram_match(40, 16), *rates(drafter, 16))[0]
-    short_k = drafter._match_plan(ngram_match(40, 2), *rates(drafter, 2))[0]
+    acceptance = drafter.acceptance
+    plan = partial(drafter._match_plan, first=acceptance.for_ngram, following=acceptance.ngram_next)
+    long_k, short_k = plan(ngram_match(40, 16))[1], plan(ngram_match(40, 2))[1]
     assert long_k >= 31 and short_k <= 3
 
 
 def ngram_match(n_tokens: int, length: int) -> NgramMatch:
     return NgramMatch(tuple(range(n_tokens)), length, 0)
-
-
-def rates(drafter: AdaptiveDrafter, length: int):
-    return drafter.acceptance.for_ngram(length), drafter.acceptance.ngram_next(length)
 
 
 def test_expected_tokens_counts_the_targets_own_token_and_each_survivor():
