@@ -585,23 +585,25 @@ class AdaptiveDrafter:
         chooser: TokenChooser,
     ) -> Draft | None:
         """When due, a draft of a size the table knows least (see EXPLORE_SIZES), whatever
-        the table says it costs; None otherwise."""
+        the table says it costs; None otherwise. Only sizes above what the free sources'
+        plans draft now: those are the ones a table that overprices them keeps from being
+        drafted (a smaller try would only cut a good draft short)."""
         if not self.costs.learn:
             return None
         if not self.cost_probes.due():
             self.cost_probes.skipped()
             return None
-        predicted, _, _ = self._prediction_plan(context, max_tokens)
-        match = NO_MATCH
-        if self.ngram is not None:
-            match = self.ngram.candidates(context, max_tokens)
-            if match.length < MIN_PROBE_MATCH:
-                match = NO_MATCH
+        predicted, k_predicted, _ = self._prediction_plan(context, max_tokens)
+        match, k_ngram, _ = self._ngram_plan(context, max_tokens)
+        k_history = self._history_plan(context, max_tokens)[1]
+        planned = max(k_predicted, k_ngram, k_history) + 1  # the size the plan would decode
+        if match.length < MIN_PROBE_MATCH:
+            match = NO_MATCH
         filler_tokens = min(FILLER_EXPLORE_TOKENS, len(context)) if self.model is not None else 0
         available = min(max_tokens, max(len(predicted.tokens), len(match.tokens), filler_tokens))
-        sizes = [n for n in EXPLORE_SIZES if n - 1 <= available]
+        sizes = [n for n in EXPLORE_SIZES if planned < n <= available + 1]
         if not sizes:
-            return None  # nothing to draft from now: stay due
+            return None  # nothing to draft from now, or the plan already decodes more: stay due
         size = min(sizes, key=lambda n: (self.costs.observations(n), n))
         k = size - 1
         self.cost_probes.probed()

@@ -397,6 +397,17 @@ def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():
     assert model.step_seconds == []  # the drafter model was not run
 
 
+def test_a_due_exploration_never_cuts_a_planned_draft_short():
+    # The copy's match plans a full draft at a cheap table; the exploration that is due
+    # would have tried a size the run has not measured (2: one token). Instead it waits.
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 64: 1.0}, 0.0), ngram=NgramDrafter(), cost_probes=ProbeSchedule(first=0)
+    )
+    draft = propose(drafter, COPYING, max_tokens=8)
+    assert draft.source == "ngram" and len(draft.tokens) == 8
+    assert drafter.cost_probes.due()  # still due: tried when the plan drafts less
+
+
 def test_a_size_the_table_overprices_is_tried_now_and_then(clock):
     # Only 8 tokens and more are overpriced: drafting never stops, but without trying the
     # dear sizes the planner would never learn that long drafts pay.
