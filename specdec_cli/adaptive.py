@@ -19,6 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from itertools import pairwise
 
 import numpy as np
@@ -717,7 +718,16 @@ class AdaptiveDrafter:
         return draft.build()
 
 
-DRAFTER_MODES = ("combined", "model", "ngram", "fixed")
+class DrafterMode(str, Enum):
+    """--drafter: how each round's draft is made (see build_drafter)."""
+
+    COMBINED = "combined"
+    MODEL = "model"
+    NGRAM = "ngram"
+    FIXED = "fixed"
+
+
+DRAFTER_MODES = tuple(mode.value for mode in DrafterMode)
 FIXED_DRAFT_LENGTH = 8
 # Adaptive modes choose each round's length themselves; this only bounds it. Long n-gram
 # drafts are what pay on CPU: with llama.cpp's kernels one decode of 32 tokens costs about

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +13,7 @@ from typing import Annotated
 import typer
 
 from . import render
-from .adaptive import ADAPTIVE_DRAFT_LIMIT, default_draft_max
+from .adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
 from .engine import SamplingRule
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .history import DEFAULT_HISTORY_TOKENS
@@ -124,9 +125,11 @@ RuleOpt = Annotated[
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
 DrafterModeOpt = Annotated[
-    str,
+    DrafterMode,  # Typer refuses other values while parsing, before any model is fetched
     typer.Option(
         "--drafter",
+        case_sensitive=False,
+        metavar="<mode>",
         help="combined: n-gram lookup, else the draft model, each round's length chosen from "
         "measured costs; model: the draft model, adaptive; ngram: prompt lookup, no draft "
         "model; fixed: the draft model, always --draft-max tokens.",
@@ -197,26 +200,20 @@ def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
 DEFAULT_TARGET = "large"
 
 
-def drafting_mode(drafter: str, no_draft: bool, draft: str | None) -> str:
+def drafting_mode(drafter: DrafterMode, no_draft: bool, draft: str | None) -> str:
     """The drafting mode run, chat and serve use ("none": the target alone), once the
     options are known not to contradict each other: a flag that would be silently ignored
     is refused with how to fix it."""
-    from .adaptive import DRAFTER_MODES
-
-    if drafter not in DRAFTER_MODES:
-        raise BadUsageError(
-            f"unknown --drafter {drafter!r}.", f"Use one of: {', '.join(DRAFTER_MODES)}."
-        )
     if draft and no_draft:
         raise BadUsageError(
             "--draft and --no-draft contradict each other.", "Give only one of them."
         )
-    if draft and drafter == "ngram":
+    if draft and drafter == DrafterMode.NGRAM:
         raise BadUsageError(
             "--drafter ngram drafts without a model, so --draft would be ignored.",
             "Drop --draft, or use --drafter combined to draft with both.",
         )
-    return "none" if no_draft else drafter
+    return "none" if no_draft else drafter.value
 
 
 def resolve_models(
@@ -262,33 +259,51 @@ def draft_label(name: str) -> str:
     return Path(name).stem if name.endswith(".gguf") else name
 
 
-def decode_request(
-    target_path: Path, draft_path: Path | None, mode: str, options: dict
-) -> DecodeRequest:
-    """What run, chat and serve share, from their common options (by argument name)."""
-    return DecodeRequest(
-        target=target_path,
-        draft=draft_path,
-        drafter_mode=mode,
-        system=options["system"],
-        sampling=SamplingSettings(
-            options["temp"], options["top_k"], options["top_p"], options["min_p"]
-        ),
-        seed=options["seed"],
-        max_tokens=options["max_tokens"],
-        stop=tuple(options["stop"] or ()),
-        draft_max=options["draft_max"] or default_draft_max(mode),
-        hardware=HardwareOptions(
-            options["ctx_size"],
-            options["threads"],
-            options["gpu_layers"],
-            options["draft_gpu_layers"],
-            options["verbose"],
-            exact=options["exact"],
-        ),
-        force_incompatible=options["force"],
-        rule=options["rule"],
-    )
+@dataclass(frozen=True)
+class SharedOptions:
+    """The options run, chat and serve share, by name: built from each command's own
+    arguments, so a renamed or missing flag is a type error, not a silent default."""
+
+    system: str | None
+    temp: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None
+    max_tokens: int
+    stop: list[str] | None
+    draft_max: int | None
+    threads: int | None
+    ctx_size: int | None
+    gpu_layers: int
+    draft_gpu_layers: int
+    force: bool
+    exact: bool
+    rule: SamplingRule
+    verbose: bool
+
+    def request(self, target_path: Path, draft_path: Path | None, mode: str) -> DecodeRequest:
+        return DecodeRequest(
+            target=target_path,
+            draft=draft_path,
+            drafter_mode=mode,
+            system=self.system,
+            sampling=SamplingSettings(self.temp, self.top_k, self.top_p, self.min_p),
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop or ()),
+            draft_max=self.draft_max or default_draft_max(mode),
+            hardware=HardwareOptions(
+                self.ctx_size,
+                self.threads,
+                self.gpu_layers,
+                self.draft_gpu_layers,
+                self.verbose,
+                exact=self.exact,
+            ),
+            force_incompatible=self.force,
+            rule=self.rule,
+        )
 
 
 @app.command()
@@ -310,7 +325,7 @@ def run(
     max_tokens: MaxTokensOpt = 256,
     stop: StopOpt = None,
     draft_max: DraftMaxOpt = None,
-    drafter: DrafterModeOpt = "combined",
+    drafter: DrafterModeOpt = DrafterMode.COMBINED,
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
     ctx_size: CtxOpt = None,
@@ -347,7 +362,25 @@ def run(
     """Answer one prompt; only the answer goes to stdout."""
     from .runner import RunRequest, run_once
 
-    given = dict(locals())  # the options run, chat and serve share: see decode_request
+    shared = SharedOptions(
+        system=system,
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        draft_max=draft_max,
+        threads=threads,
+        ctx_size=ctx_size,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        force=force,
+        exact=exact,
+        rule=rule,
+        verbose=verbose,
+    )
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
@@ -356,7 +389,7 @@ def run(
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = decode_request(target_path, draft_path, mode, given)
+        decode = shared.request(target_path, draft_path, mode)
         request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
@@ -471,7 +504,7 @@ def chat(
     max_tokens: MaxTokensOpt = 512,
     stop: StopOpt = None,
     draft_max: DraftMaxOpt = None,
-    drafter: DrafterModeOpt = "combined",
+    drafter: DrafterModeOpt = DrafterMode.COMBINED,
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
     ctx_size: CtxOpt = None,
@@ -492,14 +525,32 @@ def chat(
     """
     from .chat_loop import ChatRequest, run_chat
 
-    given = dict(locals())  # the options run, chat and serve share: see decode_request
+    shared = SharedOptions(
+        system=system,
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        draft_max=draft_max,
+        threads=threads,
+        ctx_size=ctx_size,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        force=force,
+        exact=exact,
+        rule=rule,
+        verbose=verbose,
+    )
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = decode_request(target_path, draft_path, mode, given)
+        decode = shared.request(target_path, draft_path, mode)
         request = ChatRequest(decode, no_color=no_color, history=history)
         code = run_chat(request)
     raise typer.Exit(code)
@@ -556,7 +607,7 @@ def serve(
     ] = 2048,
     stop: StopOpt = None,
     draft_max: DraftMaxOpt = None,
-    drafter: DrafterModeOpt = "combined",
+    drafter: DrafterModeOpt = DrafterMode.COMBINED,
     no_draft: NoDraftOpt = False,
     threads: ThreadsOpt = None,
     ctx_size: CtxOpt = None,
@@ -574,14 +625,32 @@ def serve(
     from .server import ServeOptions, ServeRequest
     from .server import serve as run_server
 
-    given = dict(locals())  # the options run, chat and serve share: see decode_request
+    shared = SharedOptions(
+        system=system,
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        draft_max=draft_max,
+        threads=threads,
+        ctx_size=ctx_size,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        force=force,
+        exact=exact,
+        rule=rule,
+        verbose=verbose,
+    )
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = decode_request(target_path, draft_path, mode, given)
+        decode = shared.request(target_path, draft_path, mode)
         options = ServeOptions(host, port, api_key or None, max_queue, json_log, history_tokens)
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
