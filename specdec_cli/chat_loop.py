@@ -49,10 +49,7 @@ def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
     session = ChatSession(
         pair, decode.generation_settings(), decode.system, drafter, index, history
     )
-    drafter_label = decode.draft.name if decode.draft else None
-    if decode.drafter_mode == "ngram":
-        drafter_label = "prompt lookup"
-    view.header(decode.target.name, drafter_label, session.drafting)
+    view.header(decode.target.stem, decode.drafter_label, session.drafting)
     lines = _terminal_lines() if interactive else _piped_lines(stdin)
     for line in lines:
         try:

@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -458,9 +457,8 @@ def serve(request: ServeRequest) -> int:
     server = _Server(config, worker)
     worker.start()
     host = f"[{options.host}]" if ":" in options.host else options.host
-    drafter_label = _drafter_label(request.decode)
     url = f"http://{host}:{sock.getsockname()[1]}"
-    render_serve.print_listening(console, url, state.model_id, drafter_label)
+    render_serve.print_listening(console, url, state.model_id, request.decode.drafter_label)
     try:
         server.run(sockets=[sock])
     finally:
@@ -499,11 +497,3 @@ def _listen(host: str, port: int) -> socket.socket:
             "Pick another --port (0: any free port), or stop what is using it.",
         ) from None
     return sock
-
-
-def _drafter_label(decode: DecodeRequest) -> str | None:
-    if decode.drafter_mode == "none":
-        return None
-    if decode.draft is None:
-        return "prompt lookup"
-    return f"{Path(decode.draft).stem} ({decode.drafter_mode})"

@@ -45,6 +45,15 @@ class DecodeRequest:
     force_incompatible: bool = False
     rule: SamplingRule = SamplingRule.INVARIANT
 
+    @property
+    def drafter_label(self) -> str | None:
+        """Who drafts, for chat's header and serve's banner: None for the target alone."""
+        if self.drafter_mode == "none":
+            return None
+        if self.draft is None:
+            return "prompt lookup"
+        return f"{self.draft.stem} ({self.drafter_mode})"
+
     def generation_settings(self) -> GenerationSettings:
         return GenerationSettings(
             max_tokens=self.max_tokens,

@@ -9,8 +9,10 @@ import pytest
 from fakes import FakeBackend, ScriptedClock, TimedBackend, scripted_model, table_cost, table_model
 
 from specdec_cli.json_cache import read_json_cache, write_json_cache
+from specdec_cli.sampling import SamplingSettings
 from specdec_cli.session import (
     MIN_CONTEXT,
+    DecodeRequest,
     HardwareOptions,
     ModelPair,
     context_size,
@@ -145,3 +147,27 @@ def test_a_write_back_keeps_other_keys_and_meets_a_concurrent_one_halfway(clock,
     entries = cached_entries()
     assert entries["other"] == {"measured_at": 1.0}
     assert entries[key]["verify_seconds"]["1"] == pytest.approx((0.040 + 0.060) / 2)
+
+
+@pytest.mark.parametrize(
+    ("draft", "mode", "label"),
+    [
+        (None, "none", None),
+        (None, "ngram", "prompt lookup"),
+        (Path("models/small-q4.gguf"), "combined", "small-q4 (combined)"),
+    ],
+)
+def test_one_drafter_label_for_chat_and_serve(draft, mode, label):
+    decode = DecodeRequest(
+        target=Path("large.gguf"),
+        draft=draft,
+        drafter_mode=mode,
+        system=None,
+        sampling=SamplingSettings(),
+        seed=None,
+        max_tokens=8,
+        stop=(),
+        draft_max=8,
+        hardware=HardwareOptions(),
+    )
+    assert decode.drafter_label == label
