@@ -18,6 +18,7 @@ from specdec_cli.backend import VocabInfo, kept_prefix
 from specdec_cli.drafters import Draft, Drafter, ModelDrafter, Outcome
 from specdec_cli.errors import ModelFileError
 from specdec_cli.sampling import Distribution, SamplingSettings, TokenChooser
+from specdec_cli.session import DecodeRequest, HardwareOptions
 
 LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
 
@@ -325,3 +326,21 @@ def table_cost(table: Mapping[int, float]) -> Callable[[int], float]:
         return float(np.interp(n, sizes, [table[s] for s in sizes]))
 
     return cost
+
+
+def decode_request(**overrides: Any) -> DecodeRequest:
+    """A DecodeRequest for the target alone on `m.gguf`, with defaults where a test does not
+    care; `overrides` set fields by name."""
+    fields: dict[str, Any] = {
+        "target": Path("m.gguf"),
+        "draft": None,
+        "drafter_mode": "none",
+        "system": None,
+        "sampling": SamplingSettings(),
+        "seed": None,
+        "max_tokens": 8,
+        "stop": (),
+        "draft_max": 8,
+        "hardware": HardwareOptions(),
+    }
+    return DecodeRequest(**{**fields, **overrides})

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import decode_request
 
 from specdec_cli.render_serve import RequestLog, RequestRecord, request_line
 from specdec_cli.sampling import SamplingSettings
@@ -17,7 +18,6 @@ from specdec_cli.serve_protocol import (
     parse_request,
 )
 from specdec_cli.server import ServerState
-from specdec_cli.session import DecodeRequest, HardwareOptions
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -102,17 +102,12 @@ def test_a_completion_prompt_is_one_string():
 
 
 def test_request_fields_override_the_server_defaults(tiny_models):
-    decode = DecodeRequest(
+    decode = decode_request(
         target=Path(tiny_models.target),
-        draft=None,
-        drafter_mode="none",
-        system=None,
         sampling=SamplingSettings(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05),
         seed=7,
         max_tokens=100,
         stop=("END",),
-        draft_max=8,
-        hardware=HardwareOptions(),
     )
     state = ServerState(None, decode, log=None)
     defaults = state.settings_for(chat())
@@ -139,18 +134,7 @@ def test_model_names():
 
 @pytest.mark.parametrize("json_lines", [False, True], ids=["text", "json"])
 def test_another_model_name_is_answered_and_noted_once(json_lines):
-    decode = DecodeRequest(
-        target=Path("m.gguf"),
-        draft=None,
-        drafter_mode="none",
-        system=None,
-        sampling=SamplingSettings(),
-        seed=None,
-        max_tokens=8,
-        stop=(),
-        draft_max=8,
-        hardware=HardwareOptions(),
-    )
+    decode = decode_request()
     stream = io.StringIO()
     state = ServerState(None, decode, log=RequestLog(stream, json_lines=json_lines))
     for name in (None, "m", "m.gguf", "gpt-4o", "claude", "gpt-4o"):

@@ -6,13 +6,19 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import FakeBackend, ScriptedClock, TimedBackend, scripted_model, table_cost, table_model
+from fakes import (
+    FakeBackend,
+    ScriptedClock,
+    TimedBackend,
+    decode_request,
+    scripted_model,
+    table_cost,
+    table_model,
+)
 
 from specdec_cli.json_cache import read_json_cache, write_json_cache
-from specdec_cli.sampling import SamplingSettings
 from specdec_cli.session import (
     MIN_CONTEXT,
-    DecodeRequest,
     HardwareOptions,
     ModelPair,
     context_size,
@@ -158,16 +164,4 @@ def test_a_write_back_keeps_other_keys_and_meets_a_concurrent_one_halfway(clock,
     ],
 )
 def test_one_drafter_label_for_chat_and_serve(draft, mode, label):
-    decode = DecodeRequest(
-        target=Path("large.gguf"),
-        draft=draft,
-        drafter_mode=mode,
-        system=None,
-        sampling=SamplingSettings(),
-        seed=None,
-        max_tokens=8,
-        stop=(),
-        draft_max=8,
-        hardware=HardwareOptions(),
-    )
-    assert decode.drafter_label == label
+    assert decode_request(draft=draft, drafter_mode=mode).drafter_label == label
