@@ -29,6 +29,7 @@ from typing import Protocol
 from .errors import ChecksumError, FetchError, IncompatibleModelsError, ModelFileError
 from .gguf_meta import FingerprintCache, read_gguf_info
 from .json_cache import read_json_cache, write_json_cache
+from .paths import cache_dir
 from .registry import (
     HubSource,
     ModelEntry,
@@ -68,17 +69,9 @@ class SilentProgress:
         pass
 
 
-def specdec_cache_dir() -> Path:
-    """$SPECDEC_HOME if set, else $XDG_CACHE_HOME/specdec (default ~/.cache/specdec)."""
-    if os.environ.get("SPECDEC_HOME"):
-        return Path(os.environ["SPECDEC_HOME"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specdec"
-
-
 def models_dir() -> Path:
     """Where models joined from PyPI wheels are kept (hub files stay in the hub's own cache)."""
-    return specdec_cache_dir() / "models"
+    return cache_dir() / "models"
 
 
 def env_offline() -> bool:
@@ -178,7 +171,7 @@ def sha256_of(path: Path) -> str:
 
 def cached_sha256(path: Path, cache_file: Path | None = None) -> str:
     """SHA-256 of a file, cached by (path, size, mtime): a model is hashed once, not per run."""
-    cache_file = cache_file or specdec_cache_dir() / "sha256.json"
+    cache_file = cache_file or cache_dir() / "sha256.json"
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     known = read_json_cache(cache_file)
@@ -576,7 +569,7 @@ FINGERPRINT_CHARS = 16  # registry `vocab:` values and listings use this prefix
 
 
 def fingerprints() -> FingerprintCache:
-    return FingerprintCache(specdec_cache_dir() / "vocab-fingerprints.json")
+    return FingerprintCache(cache_dir() / "vocab-fingerprints.json")
 
 
 def entry_fingerprint(entry: ModelEntry) -> str | None:

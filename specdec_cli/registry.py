@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from .errors import RegistryError
+from .paths import config_dir
 
 ROLES = ("drafter", "target")
 _REQUIRED = ("family", "sources")
@@ -113,16 +114,8 @@ class Registry:
         return "`specdec models` lists the known models; a path to a .gguf file also works."
 
 
-def specdec_home_config() -> Path:
-    """Directory of the user's models.yaml: $SPECDEC_HOME, else $XDG_CONFIG_HOME/specdec."""
-    if os.environ.get("SPECDEC_HOME"):
-        return Path(os.environ["SPECDEC_HOME"]).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "specdec"
-
-
 def user_registry_path() -> Path:
-    return specdec_home_config() / "models.yaml"
+    return config_dir() / "models.yaml"
 
 
 def load_registry(models_file: Path | None = None) -> Registry:

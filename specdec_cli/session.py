@@ -15,6 +15,7 @@ from .engine import GenerationSettings, SamplingRule
 from .errors import BadUsageError, ContextOverflowError
 from .history import HistoryFile, HistoryIndex
 from .json_cache import read_json_cache, update_json_cache
+from .paths import cache_dir
 from .sampling import SamplingSettings
 
 
@@ -228,9 +229,7 @@ COSTS_MIN_DECODES = 16
 
 
 def costs_cache() -> Path:
-    from .fetch import specdec_cache_dir
-
-    return specdec_cache_dir() / "decode-costs.json"
+    return cache_dir() / "decode-costs.json"
 
 
 def pair_costs(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = None) -> CostModel:

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.cli import app
-from specdec_cli.fetch import specdec_cache_dir
 from specdec_cli.llama_backend import EXACT_BATCH_ROWS
+from specdec_cli.paths import cache_dir
 
 runner = CliRunner()
 PROMPTS = ["the cat sat on", "one two three four", "what is the time"]
@@ -51,10 +51,10 @@ def test_greedy_speculative_output_equals_the_target_alone(tiny_models, prompt):
 def test_measured_decode_costs_go_to_the_tests_own_cache(tiny_models, monkeypatch):
     from conftest import point_caches_at_the_users
 
-    home = specdec_cache_dir()
+    home = cache_dir()
     with monkeypatch.context() as users:
         point_caches_at_the_users(users)
-        assert specdec_cache_dir() != home
+        assert cache_dir() != home
     run_json(tiny_models, "the cat", "--draft", str(tiny_models.close_drafter), "-n", "4")
     assert (home / "decode-costs.json").is_file()
 
