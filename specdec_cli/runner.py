@@ -78,7 +78,7 @@ def run_once(request: RunRequest, *, json_output: bool) -> int:
         memory.keep(pair, prompt, finished, err)
 
     if answer is None:
-        render.print_json(sys.stdout, _record(request, finished, check, costs, memory.restored))
+        render.print_json(sys.stdout, _record(request, finished, check, costs, memory))
     else:
         answer.finish_line()
         if interrupted:
@@ -98,6 +98,7 @@ class _Memory:
 
     history: HistoryFile | None = None
     cache: PromptCache | None = None
+    documents: int = 0  # earlier prompts and answers --history offered to draft from
     # Prompt tokens restored from a saved state, and the seconds looking and restoring took.
     restored: tuple[int, float] | None = None
 
@@ -110,6 +111,7 @@ class _Memory:
             memory.history, index, damaged = load_history(request.history, request.decode.target)
             render.print_history_damage(err, memory.history.path, damaged)
             use_history(drafter, index)
+            memory.documents = len(index)
         if request.prompt_cache is not None and isinstance(pair.target, StatefulBackend):
             key = prompt_cache_key(pair, request.decode.hardware)
             memory.cache = PromptCache(request.prompt_cache, key)
@@ -126,6 +128,16 @@ class _Memory:
         if found is not None and self.cache.restore(found[0], pair.target, _stateful(pair.drafter)):
             reused = found[1]
         self.restored = (reused, time.perf_counter() - began)
+
+    def as_record(self) -> dict:
+        restored = self.restored
+        return {
+            "history": None if self.history is None else {"documents": self.documents},
+            # Before the generation, so not in first_token_seconds.
+            "prompt_cache": None
+            if restored is None
+            else {"reused_tokens": restored[0], "restore_seconds": round(restored[1], 4)},
+        }
 
     def keep(self, pair: ModelPair, prompt: list[int], finished: Finished, err: Console) -> None:
         if self.history is not None:
@@ -178,7 +190,7 @@ def _record(
     finished: Finished,
     check: Check | None,
     costs: CostModel | None,
-    restored: tuple[int, float] | None,
+    memory: _Memory,
 ) -> dict:
     record = {
         "text": finished.text,
@@ -188,11 +200,9 @@ def _record(
         "settings": request.settings_record(),
         # The decode costs the planner started from and ended with (adaptive modes).
         "costs": None if costs is None else costs.as_dict(),
-        # --prompt-cache: how many prompt tokens came from a saved state, and the seconds its
-        # lookup and restoring took (before the generation, so not in first_token_seconds).
-        "prompt_cache": None
-        if restored is None
-        else {"reused_tokens": restored[0], "restore_seconds": round(restored[1], 4)},
+        # --history: the earlier documents there were to draft from; --prompt-cache: the
+        # prompt tokens a saved state gave, and the seconds finding and restoring it took.
+        **memory.as_record(),
     }
     if check is not None:
         record["verify"] = {
