@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .drafters import NO_MATCH, NgramMatch
-from .json_cache import locked
+from .json_cache import locked, replacing
 
 # A lookup keys on the text's last KEY_TOKENS tokens: shorter endings are mostly chance.
 KEY_TOKENS = 4
@@ -152,7 +151,7 @@ class HistoryFile:
         wrong (an unwritable folder), or None."""
         if not document:
             return None
-        line = json.dumps({"tokens": [int(t) for t in document]}, separators=(",", ":")) + "\n"
+        line = _line(document)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with locked(self.path):
@@ -184,11 +183,12 @@ class HistoryFile:
 
     def _trim(self) -> None:
         index, _ = self.load()
-        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        with open(partial, "w", encoding="utf-8") as out:
-            for document in index.documents():
-                out.write(json.dumps({"tokens": list(document)}, separators=(",", ":")) + "\n")
-        os.replace(partial, self.path)
+        with replacing(self.path, "w") as out:
+            out.writelines(_line(document) for document in index.documents())
+
+
+def _line(document: Sequence[int]) -> str:
+    return json.dumps({"tokens": [int(t) for t in document]}, separators=(",", ":")) + "\n"
 
 
 def _document(line: str) -> list[int] | None:

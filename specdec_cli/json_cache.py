@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 try:
     import fcntl
@@ -25,14 +26,22 @@ def read_json_cache(path: Path) -> dict:
 
 
 def write_json_cache(path: Path, data: dict) -> None:
-    """Readers see the old file or the new one, never half of one; the temporary name is this
-    process's own, so two runs writing at once cannot mix their bytes."""
+    with contextlib.suppress(OSError), replacing(path, "w") as out:
+        out.write(json.dumps(data, indent=1))
+
+
+@contextlib.contextmanager
+def replacing(path: Path, mode: str) -> Iterator[IO]:
+    """A file to write that replaces `path` once written whole: readers see the old file or
+    the new one, never half of one, and the temporary name is this process's own, so two
+    runs writing at once cannot mix their bytes. An error leaves `path` as it was."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(data, indent=1))
+        with open(partial, mode) as out:
+            yield out
         os.replace(partial, path)
-    except OSError:
+    finally:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
 

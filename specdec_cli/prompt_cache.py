@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .backend import kept_prefix
+from .json_cache import replacing
 
 FORMAT = "specdec.prompt-cache/1"
 # A cached prefix shorter than this is not worth reading a file for.
@@ -106,20 +107,13 @@ class PromptCache:
         if drafter is not None and drafter.cached[:n] == tokens:  # it decoded the prompt
             states["drafter"] = drafter.save_state(n)
         path = self.folder / f"{self.key[:16]}-{_digest(tokens)[:16]}.state"
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with open(partial, "wb") as out:
+            with replacing(path, "wb") as out:
                 out.write(self._header(tokens, states) + b"\n")
-                for state in states.values():
-                    out.write(state)
-            os.replace(partial, path)
+                out.writelines(states.values())
         except OSError as error:  # an unwritable folder, a full disk: the answer stands
             self.problem = f"cannot write {path}: {error.strerror or error}"
             return None
-        finally:
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
         self._evict(keep=path)
         return path
 
