@@ -137,13 +137,21 @@ class HistoryFile:
     def load(self) -> tuple[HistoryIndex, int]:
         """The index of the file's newest documents, and how many lines were unreadable
         (skipped: a damaged line is never trusted, and costs only its drafts)."""
-        index, damaged = HistoryIndex(self.max_tokens), 0
+        documents, damaged = self.read()
+        index = HistoryIndex(self.max_tokens)
+        for document in _newest(documents, self.max_tokens):
+            index.add(document)
+        return index, damaged
+
+    def read(self) -> tuple[list[list[int]], int]:
+        """Every readable document in the file, oldest first, and how many lines were not."""
+        documents, damaged = [], 0
         for document in self._read():
             if document is None:
                 damaged += 1
-            else:
-                index.add(document)
-        return index, damaged
+            elif document:
+                documents.append(document)
+        return documents, damaged
 
     def append(self, document: Sequence[int]) -> str | None:
         """Add one document: a single appended line under the file's lock; past twice the
@@ -187,6 +195,17 @@ class HistoryFile:
             out.writelines(_line(document) for document in index.documents())
 
 
+def _newest(documents: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The newest documents that fit in `max_tokens` together (at least the newest one),
+    oldest first: what an index keeps, found without indexing the others first."""
+    kept, size = 0, 0
+    for document in reversed(documents):
+        if kept and size + len(document) > max_tokens:
+            break
+        kept, size = kept + 1, size + len(document)
+    return documents[len(documents) - kept :]
+
+
 def _line(document: Sequence[int]) -> str:
     return json.dumps({"tokens": [int(t) for t in document]}, separators=(",", ":")) + "\n"
 
@@ -215,19 +234,25 @@ class HistorySummary:
 
 
 def summarize(folder: Path) -> list[HistorySummary]:
-    """Every history file in a folder, read as a run would read it."""
+    """Every history file in a folder: what it holds, read as a run reads it."""
     summaries = []
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
-        index, damaged = HistoryFile(folder, path.stem, max_tokens=2**62).load()
+    for file in _files(folder):
+        documents, damaged = file.read()
+        tokens = sum(len(document) for document in documents)
         summaries.append(
-            HistorySummary(path, len(index), index.tokens, damaged, path.stat().st_size)
+            HistorySummary(file.path, len(documents), tokens, damaged, file.path.stat().st_size)
         )
     return summaries
 
 
 def clear(folder: Path) -> int:
     """Delete every history file in a folder; how many there were."""
-    summaries = summarize(folder)
-    for summary in summaries:
-        HistoryFile(folder, summary.path.stem).clear()
-    return len(summaries)
+    files = _files(folder)
+    for file in files:
+        file.clear()
+    return len(files)
+
+
+def _files(folder: Path) -> list[HistoryFile]:
+    paths = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    return [HistoryFile(folder, path.stem) for path in paths]

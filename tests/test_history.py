@@ -197,3 +197,11 @@ def test_earlier_answers_are_drafted_and_the_answer_stays_the_same():
 def test_without_history_nothing_is_drafted_from_it():
     rounds, _, _ = one_answer(None, 7, ScriptedClock())
     assert all(r.source != "history" for r in rounds)
+
+
+def test_loading_a_file_past_its_bound_keeps_the_newest_documents_that_fit(tmp_path):
+    writer = HistoryFile(tmp_path, "vocab", max_tokens=10**6)
+    for i in range(10):
+        writer.append([i, *range(100, 109)])  # 10 tokens each
+    index, _ = HistoryFile(tmp_path, "vocab", max_tokens=35).load()
+    assert [d[0] for d in index.documents()] == [7, 8, 9]
