@@ -517,15 +517,16 @@ class AdaptiveDrafter:
         sampling: SamplingSettings,
         chooser: TokenChooser,
     ) -> Draft:
-        explored = self._explore(context, max_tokens, sampling, chooser)
+        match, k, ngram_rate = self._ngram_plan(context, max_tokens)
+        predicted, k_predicted, prediction_rate = self._prediction_plan(context, max_tokens)
+        earlier, k_earlier, history_rate = self._history_plan(context, max_tokens)
+        planned = max(k, k_predicted, k_earlier) + 1  # the size the free sources would decode
+        explored = self._explore(context, max_tokens, predicted, match, planned)
         if explored is not None:
             return explored
         plain_rate = 1.0 / self.costs.verify(1)
         catch_up = self._catch_up_seconds(context)
         model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
-        match, k, ngram_rate = self._ngram_plan(context, max_tokens)
-        predicted, k_predicted, prediction_rate = self._prediction_plan(context, max_tokens)
-        earlier, k_earlier, history_rate = self._history_plan(context, max_tokens)
         best_other = max(model_rate, ngram_rate, history_rate, plain_rate * self.margin)
         if self.prediction is not None and k_predicted and prediction_rate >= best_other:
             return self.prediction.take(predicted, k_predicted)
@@ -582,22 +583,20 @@ class AdaptiveDrafter:
         self,
         context: Sequence[int],
         max_tokens: int,
-        sampling: SamplingSettings,
-        chooser: TokenChooser,
+        predicted: NgramMatch,
+        match: NgramMatch,
+        planned: int,
     ) -> Draft | None:
         """When due, a draft of a size the table knows least (see EXPLORE_SIZES), whatever
-        the table says it costs; None otherwise. Only sizes above what the free sources'
-        plans draft now: those are the ones a table that overprices them keeps from being
-        drafted (a smaller try would only cut a good draft short)."""
+        the table says it costs; None otherwise. Only sizes above `planned`, what the free
+        sources' plans (`predicted`, `match`, history) decode now: those are the ones a
+        table that overprices them keeps from being drafted (a smaller try would only cut a
+        good draft short)."""
         if not self.costs.learn:
             return None
         if not self.cost_probes.due():
             self.cost_probes.skipped()
             return None
-        predicted, k_predicted, _ = self._prediction_plan(context, max_tokens)
-        match, k_ngram, _ = self._ngram_plan(context, max_tokens)
-        k_history = self._history_plan(context, max_tokens)[1]
-        planned = max(k_predicted, k_ngram, k_history) + 1  # the size the plan would decode
         if match.length < MIN_PROBE_MATCH:
             match = NO_MATCH
         filler_tokens = min(FILLER_EXPLORE_TOKENS, len(context)) if self.model is not None else 0
