@@ -1037,12 +1037,13 @@ def _measure_prompt(
             rule=request.rule,
             prediction=prediction_tokens(pair.target, prompt.prediction),
         )
+        wanted = any(c.history for c in request.configurations)
+        history = _session_history(pair.target, request, report, prompt, repeat) if wanted else None
         for label, configuration in _sides(request):
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
             exact = configuration is not None and request.hardware.exact
             oracle = configuration is not None and configuration.drafter == ORACLE
             answer = _reference_tokens(request, report, prompt.id, repeat) if oracle else []
-            history = _session_history(pair.target, request, report, prompt, repeat)
             finished, costs = _generate(
                 pair, tokens, base, configuration, progress, exact, answer, history
             )
