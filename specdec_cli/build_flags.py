@@ -29,7 +29,10 @@ X86_FEATURES = {
     "avx512_bf16": "GGML_AVX512_BF16",
 }
 ALWAYS_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
-COMMON = ("-DLLAVA_BUILD=OFF",)  # the multimodal library: not used, a third of the build time
+COMMON = (
+    "-DLLAVA_BUILD=OFF",  # the multimodal library: not used, a third of the build time
+    "-DGGML_RPC=ON",  # llama.cpp's RPC backend: `specdec worker`, --rpc
+)
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:

@@ -51,6 +51,7 @@ def test_x86_with_avx512_turns_it_on_and_amx_off() -> None:
     for option in ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"):
         assert flags[option] == "OFF"
     assert flags["LLAVA_BUILD"] == "OFF"
+    assert flags["GGML_RPC"] == "ON"  # `specdec worker` and --rpc
 
 
 def test_x86_without_avx512_leaves_it_off() -> None:
@@ -74,7 +75,8 @@ def test_arm_linux_and_macos_keep_llama_cpps_native_build() -> None:
         ("arm64", "Darwin", ""),
         ("x86_64", "Darwin", ""),  # an Intel Mac: no /proc/cpuinfo, llama.cpp's own choice
     ):
-        assert cmake_args({}, machine, system, cpuinfo) == "-DLLAVA_BUILD=OFF", (machine, system)
+        expected = "-DLLAVA_BUILD=OFF -DGGML_RPC=ON"
+        assert cmake_args({}, machine, system, cpuinfo) == expected, (machine, system)
 
 
 def test_specdec_cmake_args_adds_to_the_computed_flags() -> None:
@@ -83,7 +85,7 @@ def test_specdec_cmake_args_adds_to_the_computed_flags() -> None:
     assert flags["GGML_AMX_TILE"] == "OFF" and flags["LLAVA_BUILD"] == "OFF"
     assert flags["GGML_AVX512"] == "ON"
     mac = cmake_args({"SPECDEC_CMAKE_ARGS": "-DGGML_METAL=off"}, "arm64", "Darwin", "")
-    assert mac == "-DLLAVA_BUILD=OFF -DGGML_METAL=off"
+    assert mac == "-DLLAVA_BUILD=OFF -DGGML_RPC=ON -DGGML_METAL=off"
 
 
 def test_specdec_cmake_args_comes_last_so_it_can_override_an_option() -> None:
