@@ -1179,6 +1179,8 @@ def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
         "gpu_offload_supported": llama_backend.supports_gpu_offload(),
         "gpu_layers": hardware.gpu_layers,
         "draft_gpu_layers": hardware.draft_gpu_layers,
+        "rpc": list(hardware.rpc),  # the target's layers on these workers
+        "tensor_split": list(hardware.tensor_split),
         "ctx_size": n_ctx,
     }
 

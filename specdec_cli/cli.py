@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from . import render
+from . import render, rpc
 from .adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
 from .engine import SamplingRule
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
@@ -100,6 +100,36 @@ GpuLayersOpt = Annotated[
 ]
 DraftGpuLayersOpt = Annotated[
     int, typer.Option("--draft-gpu-layers", help="Drafter layers to offload to the GPU (-1: all).")
+]
+def _check_endpoints(text: str | None) -> str | None:
+    """Malformed --rpc is refused while parsing, before any model is looked up."""
+    if text:
+        try:
+            rpc.parse_endpoints(text)
+        except BadUsageError as error:
+            raise typer.BadParameter(str(error)) from None
+    return text
+
+
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        envvar="SPECDEC_RPC",
+        callback=_check_endpoints,
+        metavar="HOST:PORT,...",
+        help="Put the target's layers on these workers (`specdec worker` on each machine); "
+        "the drafter stays on this one.",
+    ),
+]
+TensorSplitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tensor-split",
+        metavar="SHARES",
+        help="With --rpc: each worker's share of the target's layers, e.g. 3,1 (default: by "
+        "free memory).",
+    ),
 ]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Use a drafter even if its vocabulary differs.")
@@ -277,12 +307,29 @@ class SharedOptions:
     ctx_size: int | None
     gpu_layers: int
     draft_gpu_layers: int
+    rpc: str | None
+    tensor_split: str | None
     force: bool
     exact: bool
     rule: SamplingRule
     verbose: bool
 
-    def request(self, target_path: Path, draft_path: Path | None, mode: str) -> DecodeRequest:
+    def hardware(self) -> HardwareOptions:
+        """Checked first, before any model is looked up (a bad --tensor-split fetches nothing)."""
+        return hardware_options(
+            self.ctx_size,
+            self.threads,
+            self.gpu_layers,
+            self.draft_gpu_layers,
+            self.verbose,
+            self.exact,
+            self.rpc,
+            self.tensor_split,
+        )
+
+    def request(
+        self, target_path: Path, draft_path: Path | None, mode: str, hardware: HardwareOptions
+    ) -> DecodeRequest:
         return DecodeRequest(
             target=target_path,
             draft=draft_path,
@@ -293,17 +340,29 @@ class SharedOptions:
             max_tokens=self.max_tokens,
             stop=tuple(self.stop or ()),
             draft_max=self.draft_max or default_draft_max(mode),
-            hardware=HardwareOptions(
-                self.ctx_size,
-                self.threads,
-                self.gpu_layers,
-                self.draft_gpu_layers,
-                self.verbose,
-                exact=self.exact,
-            ),
+            hardware=hardware,
             force_incompatible=self.force,
             rule=self.rule,
         )
+
+
+def hardware_options(
+    ctx_size: int | None,
+    threads: int | None,
+    gpu_layers: int,
+    draft_gpu_layers: int,
+    verbose: bool,
+    exact: bool,
+    rpc_text: str | None,
+    tensor_split_text: str | None,
+) -> HardwareOptions:
+    workers = rpc.parse_endpoints(rpc_text) if rpc_text else ()
+    if tensor_split_text and not workers:
+        raise BadUsageError("--tensor-split shares the target among --rpc workers.", "Add --rpc.")
+    shares = rpc.parse_tensor_split(tensor_split_text, len(workers)) if tensor_split_text else ()
+    return HardwareOptions(
+        ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact, workers, shares
+    )
 
 
 @app.command()
@@ -331,6 +390,8 @@ def run(
     ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
     force: ForceOpt = False,
     exact: ExactOpt = True,
     rule: RuleOpt = SamplingRule.INVARIANT,
@@ -376,6 +437,8 @@ def run(
         ctx_size=ctx_size,
         gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers,
+        rpc=rpc,
+        tensor_split=tensor_split,
         force=force,
         exact=exact,
         rule=rule,
@@ -384,12 +447,13 @@ def run(
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
+        hardware = shared.hardware()
         prediction = read_predict_option(predict, prompt)
         text = read_prompt(prompt, stdin_taken=predict == "-")
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = shared.request(target_path, draft_path, mode)
+        decode = shared.request(target_path, draft_path, mode, hardware)
         request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
@@ -510,6 +574,8 @@ def chat(
     ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
     force: ForceOpt = False,
     exact: ExactOpt = True,
     rule: RuleOpt = SamplingRule.INVARIANT,
@@ -539,6 +605,8 @@ def chat(
         ctx_size=ctx_size,
         gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers,
+        rpc=rpc,
+        tensor_split=tensor_split,
         force=force,
         exact=exact,
         rule=rule,
@@ -547,10 +615,11 @@ def chat(
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
+        hardware = shared.hardware()
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = shared.request(target_path, draft_path, mode)
+        decode = shared.request(target_path, draft_path, mode, hardware)
         request = ChatRequest(decode, no_color=no_color, history=history)
         code = run_chat(request)
     raise typer.Exit(code)
@@ -613,6 +682,8 @@ def serve(
     ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
     force: ForceOpt = False,
     exact: ExactOpt = True,
     rule: RuleOpt = SamplingRule.INVARIANT,
@@ -639,6 +710,8 @@ def serve(
         ctx_size=ctx_size,
         gpu_layers=gpu_layers,
         draft_gpu_layers=draft_gpu_layers,
+        rpc=rpc,
+        tensor_split=tensor_split,
         force=force,
         exact=exact,
         rule=rule,
@@ -647,10 +720,11 @@ def serve(
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
+        hardware = shared.hardware()
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, mode=mode
         )
-        decode = shared.request(target_path, draft_path, mode)
+        decode = shared.request(target_path, draft_path, mode, hardware)
         options = ServeOptions(host, port, api_key or None, max_queue, json_log, history_tokens)
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
@@ -710,6 +784,8 @@ def bench(
     ctx_size: CtxOpt = None,
     gpu_layers: GpuLayersOpt = 0,
     draft_gpu_layers: DraftGpuLayersOpt = 0,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
     force: ForceOpt = False,
     exact: ExactOpt = True,
     rule: RuleOpt = SamplingRule.INVARIANT,
@@ -727,6 +803,9 @@ def bench(
     from .adaptive import NEEDS_DRAFT_MODEL
 
     with user_errors():
+        hardware = hardware_options(
+            ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact, rpc, tensor_split
+        )
         modes = [bench_lib.check_bench_mode(m.strip()) for m in drafter.split(",") if m.strip()]
         bases = [bench_lib.split_mode(mode)[0] for mode in modes]
         needs_model = next((m for m in bases if m in NEEDS_DRAFT_MODEL), "ngram")
@@ -758,9 +837,7 @@ def bench(
             seed=seed,
             raw=raw,
             system=system,
-            hardware=HardwareOptions(
-                ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact=exact
-            ),
+            hardware=hardware,
             force_incompatible=force,
             rule=rule,
         )
@@ -768,6 +845,62 @@ def bench(
             request, json_path=json_file, markdown_path=markdown_file
         )
     raise typer.Exit(code)
+
+
+@app.command()
+def worker(
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="The IPv4 address to listen on: 127.0.0.1 (default) is this machine only; "
+            "anything else lets whoever reaches it use this machine (no authentication).",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="The TCP port to listen on.")] = (
+        rpc.DEFAULT_PORT
+    ),
+    threads: ThreadsOpt = None,
+    tensor_cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--tensor-cache",
+            file_okay=False,
+            help="Keep the weights clients send in this folder, so the next load of the same "
+            "model sends hashes instead of gigabytes.",
+        ),
+    ] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Hold a target's layers for specdec on another machine (llama.cpp's RPC backend).
+
+    Clients pass --rpc HOST:PORT. One client at a time; Ctrl-C stops the worker."""
+    import signal
+
+    from . import llama_backend
+
+    with user_errors():
+        rpc.check_listen_address(host, port)
+        llama_backend.set_verbose(verbose)
+        if not rpc.is_loopback(host):
+            render.stderr_console().print(
+                f"[bold yellow]warning:[/bold yellow] listening on {host}:{port}. llama.cpp's RPC "
+                "protocol has no authentication or encryption: anyone who can reach this port "
+                "can use this machine's memory and compute. Only do this on a network you trust, "
+                "never on the internet.",
+                soft_wrap=True,
+            )
+        render.stderr_console().print(
+            f"specdec worker on {host}:{port}: {', '.join(llama_backend.worker_device_names())}, "
+            f"batch-invariant kernels up to {llama_backend.EXACT_BATCH_ROWS} rows (exact clients "
+            "stay exact). Ctrl-C stops it.",
+            soft_wrap=True,
+        )
+        if tensor_cache is not None:
+            tensor_cache.mkdir(parents=True, exist_ok=True)
+        # llama.cpp's server loop never returns to Python: let the signals stop the process
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        llama_backend.serve_worker(host, port, threads, tensor_cache)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ with `llama_memory_seq_rm`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import rpc
 from .backend import VocabInfo, kept_prefix
 from .errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 
@@ -56,6 +58,7 @@ EXACT_BATCH_ROWS = 64
 # Exact mode cuts prompts into chunks of this many tokens at fixed positions (0, 128, ...), so
 # a prompt is computed the same way whatever an earlier request left in the cache.
 PROMPT_CHUNK = 128
+ALL_LAYERS = 999  # n_gpu_layers: every layer on the devices given
 
 
 def _invariance_switch():
@@ -86,6 +89,152 @@ def rowwise_kernels() -> str:
         return "absent"
     isa.argtypes, isa.restype = [], ctypes.c_char_p
     return isa().decode()
+
+
+# -- llama.cpp's RPC backend: the target's layers on workers (`specdec worker`) ------------
+
+_GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+
+
+def _ggml_function(name: str, argtypes: list, restype):
+    """A ggml function looked up through libllama (which loads ggml's libraries), or None in a
+    build without it (llama.cpp built without GGML_RPC has no ggml_backend_rpc_*)."""
+    function = getattr(llama_cpp.llama_cpp._lib, name, None)
+    if function is not None:
+        function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+_dev_count = _ggml_function("ggml_backend_dev_count", [], ctypes.c_size_t)
+_dev_get = _ggml_function("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
+_dev_type = _ggml_function("ggml_backend_dev_type", [ctypes.c_void_p], ctypes.c_int)
+_dev_description = _ggml_function(
+    "ggml_backend_dev_description", [ctypes.c_void_p], ctypes.c_char_p
+)
+_rpc_add_server = _ggml_function("ggml_backend_rpc_add_server", [ctypes.c_char_p], ctypes.c_void_p)
+_reg_dev_count = _ggml_function("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
+_reg_dev_get = _ggml_function(
+    "ggml_backend_reg_dev_get", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p
+)
+_rpc_start_server = _ggml_function(
+    "ggml_backend_rpc_start_server",
+    [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p],
+    None,
+)
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_set_abort_callback = _ggml_function("ggml_set_abort_callback", [_ABORT_CALLBACK], ctypes.c_void_p)
+
+
+def has_rpc() -> bool:
+    return _rpc_add_server is not None and _rpc_start_server is not None
+
+
+def _refuse_without_rpc() -> None:
+    if not has_rpc():
+        raise ModelFileError(
+            "this llama.cpp build has no RPC backend.",
+            "Run `make install` (it builds llama.cpp with GGML_RPC=ON).",
+        )
+
+
+def local_devices() -> list[int]:
+    """This machine's GPUs (none on a CPU-only build: the CPU is always used besides them).
+    RPC workers are never registered with ggml, so they are not among them."""
+    devices = (_dev_get(i) for i in range(_dev_count()))
+    return [device for device in devices if _dev_type(device) in _GPU_TYPES]
+
+
+def _worker_devices() -> list[int]:
+    """What a worker serves: this machine's GPUs, else its CPU (as llama.cpp's rpc-server)."""
+    gpus = local_devices()
+    return gpus or [_dev_get(i) for i in range(_dev_count()) if _dev_type(_dev_get(i)) == 0][:1]
+
+
+_connected_workers: dict[str, list[int]] = {}
+
+
+def worker_devices(endpoints: Sequence[str]) -> list[int]:
+    """The devices of the workers at `endpoints`, in order, each checked first (rpc.py: one
+    line for a worker that is missing, busy or of another protocol, where llama.cpp would
+    abort the process)."""
+    _refuse_without_rpc()
+    devices = []
+    for endpoint in endpoints:
+        if endpoint not in _connected_workers:
+            rpc.check_workers([endpoint])
+            _report_lost_workers(endpoints)
+            registry = _rpc_add_server(endpoint.encode())
+            count = _reg_dev_count(registry) if registry else 0
+            if not count:
+                raise rpc.WorkerError(f"the worker at {endpoint} offers no device.")
+            _connected_workers[endpoint] = [_reg_dev_get(registry, i) for i in range(count)]
+        devices += _connected_workers[endpoint]
+    return devices
+
+
+_watched_workers: list[str] = []
+
+
+@_ABORT_CALLBACK
+def _on_ggml_abort(message: bytes) -> None:
+    """llama.cpp aborts the process when a worker stops answering (its RPC client has no
+    other way to fail). Name the worker, keep what was printed, and exit 1 instead. Other
+    aborts return here, and ggml aborts as it would have."""
+    text = message.decode("utf-8", errors="replace").strip()
+    gone = rpc.unreachable(_watched_workers)
+    if not gone and "RPC" not in text:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    who = (
+        f"the worker at {', '.join(gone)}"
+        if gone
+        else f"a worker (of {', '.join(_watched_workers)})"
+    )
+    sys.stderr.write(
+        f"\nerror: lost {who} mid-run (llama.cpp: {text.split(': ', 1)[-1]}). What was printed "
+        "before stands; restart the worker and run again.\n"
+    )
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _report_lost_workers(endpoints: Sequence[str]) -> None:
+    for endpoint in endpoints:
+        if endpoint not in _watched_workers:
+            _watched_workers.append(endpoint)
+    if _set_abort_callback is not None:
+        _set_abort_callback(_on_ggml_abort)
+
+
+def serve_worker(host: str, port: int, threads: int | None, tensor_cache: Path | None) -> None:
+    """Serve this machine's devices over llama.cpp's RPC protocol until the process is
+    stopped; returns only if llama.cpp's server could not start.
+
+    The worker cannot tell a prompt from a draft, so it keeps the batch-invariant kernels for
+    every batch of up to EXACT_BATCH_ROWS rows: a verification then computes each of its
+    tokens as a one-token decode does, and an exact client's answers stay identical across
+    the network. Larger batches (prompt chunks) are cut at fixed positions by the client."""
+    _refuse_without_rpc()
+    if _set_invariant_rows is None:
+        raise ModelFileError(
+            "this llama.cpp build has no batch-invariant kernels, so a worker would make exact "
+            "clients' answers depend on batching.",
+            "Run `make install` (it applies specdec's llama.cpp patch).",
+        )
+    rpc.check_listen_address(host, port)
+    _set_invariant_rows(EXACT_BATCH_ROWS)
+    devices = _worker_devices()
+    array = (ctypes.c_void_p * len(devices))(*devices)
+    cache = str(tensor_cache).encode() if tensor_cache is not None else None
+    _rpc_start_server(
+        f"{host}:{port}".encode(), cache, threads or default_threads(), len(devices), array
+    )
+    raise rpc.WorkerError(f"llama.cpp's RPC server could not serve on {host}:{port}.")
+
+
+def worker_device_names() -> list[str]:
+    return [(_dev_description(device) or b"?").decode() for device in _worker_devices()]
 
 
 def default_threads() -> int:
@@ -142,9 +291,16 @@ class LlamaBackend:
         n_gpu_layers: int = 0,
         n_batch: int = 512,
         exact: bool = False,
+        workers: Sequence[str] = (),
+        tensor_split: Sequence[float] = (),
+        local_only: bool = False,
     ) -> None:
         """`exact`: decode small batches with batch-invariant kernels, so a token's logits do
-        not depend on how many tokens share its decode (needs specdec's llama.cpp patch)."""
+        not depend on how many tokens share its decode (needs specdec's llama.cpp patch).
+        `workers`: RPC endpoints (`specdec worker`) that hold the model's layers, all of them
+        unless `n_gpu_layers` says how many, shared as `tensor_split` says. `local_only`: this
+        machine's devices only, even when workers are connected (a drafter beside a target
+        on workers)."""
         if exact and _set_invariant_rows is None:
             raise ModelFileError(
                 "this llama.cpp build has no batch-invariant kernels, so exact mode cannot "
@@ -153,7 +309,11 @@ class LlamaBackend:
             )
         self.exact = exact
         self.path = Path(path)
-        self._model = _load_model(self.path, n_gpu_layers)
+        devices = worker_devices(workers) if workers else local_devices() if local_only else None
+        if workers and not n_gpu_layers:
+            n_gpu_layers = ALL_LAYERS
+        self.workers = tuple(workers)
+        self._model = _load_model(self.path, n_gpu_layers, devices, tensor_split)
         self._refuse_unrollbackable_memory()
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -479,7 +639,9 @@ def decode_failure(status: int, position: int, n_ctx: int) -> SpecdecError:
     )
 
 
-def _load_model(path: Path, n_gpu_layers: int):
+def _load_model(
+    path: Path, n_gpu_layers: int, devices: list[int] | None, tensor_split: Sequence[float]
+):
     if not path.is_file():
         raise ModelFileError(
             f"model file not found: {path}", "Check the path, or use a name from `specdec models`."
@@ -491,6 +653,15 @@ def _load_model(path: Path, n_gpu_layers: int):
             )
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
+    # kept referenced until the load returns: llama.cpp reads them during it
+    device_list = (
+        (ctypes.c_void_p * (len(devices) + 1))(*devices, None) if devices is not None else None
+    )
+    if device_list is not None:
+        params.devices = ctypes.cast(device_list, ctypes.c_void_p)
+    shares = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split) if tensor_split else None
+    if shares is not None:
+        params.tensor_split = shares
     model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
     if not model:
         raise ModelFileError(

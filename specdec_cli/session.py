@@ -27,6 +27,15 @@ class HardwareOptions:
     draft_gpu_layers: int = 0
     verbose: bool = False
     exact: bool = True  # the target decodes small batches with batch-invariant kernels
+    rpc: tuple[str, ...] = ()  # workers holding the target's layers (llama.cpp's RPC backend)
+    tensor_split: tuple[float, ...] = ()  # each worker's share of them
+
+    def placement(self) -> str:
+        """Where the models run, for keying what depends on it (decode costs, saved states)."""
+        text = f"threads={self.threads}:ngl={self.gpu_layers}:{self.draft_gpu_layers}"
+        if self.rpc:
+            text += f":rpc={','.join(self.rpc)}:split={','.join(map(str, self.tensor_split))}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,8 @@ def load_pair(
         n_threads=hardware.threads,
         n_gpu_layers=hardware.gpu_layers,
         exact=hardware.exact,
+        workers=hardware.rpc,
+        tensor_split=hardware.tensor_split,
     )
     pair = ModelPair(target, None)
     fit_context(pair, hardware, MIN_CONTEXT)  # only a model trained on less changes
@@ -168,6 +179,7 @@ def load_drafter(
         n_ctx=target.n_ctx,  # the drafter follows the target through the same text
         n_threads=hardware.threads,
         n_gpu_layers=hardware.draft_gpu_layers,
+        local_only=bool(hardware.rpc),  # the drafter's passes cost no round trips
     )
     if not force_incompatible:
         check_compatible(target, drafter)
@@ -317,10 +329,7 @@ def prompt_cache_key(pair: ModelPair, hardware: HardwareOptions) -> str:
     from .fetch import cached_sha256
 
     files = [cached_sha256(b.path) if b and b.path else "-" for b in (pair.target, pair.drafter)]
-    setup = (
-        f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
-        f":{llama_backend.kernel_signature(hardware.exact)}"
-    )
+    setup = f"{hardware.placement()}:{llama_backend.kernel_signature(hardware.exact)}"
     return hashlib.sha256("|".join([*files, setup]).encode()).hexdigest()
 
 
@@ -340,8 +349,5 @@ def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = 
         from . import llama_backend
 
         kernels = llama_backend.kernel_signature(hardware.exact)
-    parts.append(
-        f"threads={hardware.threads}:ngl={hardware.gpu_layers}:{hardware.draft_gpu_layers}"
-        f":exact={hardware.exact}:{kernels}"
-    )
+    parts.append(f"{hardware.placement()}:exact={hardware.exact}:{kernels}")
     return "|".join(parts)
