@@ -101,6 +101,8 @@ GpuLayersOpt = Annotated[
 DraftGpuLayersOpt = Annotated[
     int, typer.Option("--draft-gpu-layers", help="Drafter layers to offload to the GPU (-1: all).")
 ]
+
+
 def _check_endpoints(text: str | None) -> str | None:
     """Malformed --rpc is refused while parsing, before any model is looked up."""
     if text:
@@ -638,11 +640,12 @@ def serve(
         int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free one).")
     ] = 8080,
     api_key: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--api-key",
             envvar="SPECDEC_API_KEY",
-            help="Require 'Authorization: Bearer KEY' on every request.",
+            help="Require 'Authorization: Bearer KEY' on every request. Repeat it for several "
+            "clients: each key's requests draft only from that key's history.",
         ),
     ] = None,
     max_queue: Annotated[
@@ -725,7 +728,7 @@ def serve(
             target, draft, models=models, offline=offline, mode=mode
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
-        options = ServeOptions(host, port, api_key or None, max_queue, json_log, history_tokens)
+        options = ServeOptions(host, port, keys(api_key), max_queue, json_log, history_tokens)
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
     raise typer.Exit(code)
@@ -845,6 +848,11 @@ def bench(
             request, json_path=json_file, markdown_path=markdown_file
         )
     raise typer.Exit(code)
+
+
+def keys(given: list[str] | None) -> tuple[str, ...]:
+    """--api-key as given, blank ones left out (an unset variable in a script)."""
+    return tuple(key for key in given or () if key.strip())
 
 
 @app.command()

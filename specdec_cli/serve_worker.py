@@ -71,10 +71,13 @@ class Job:
         settings: GenerationSettings,
         prediction: str | None,
         loop: asyncio.AbstractEventLoop,
+        owner: str | None = None,
     ) -> None:
+        """`owner`: whose request it is (the API key's label), or None without keys."""
         self.prompt = prompt
         self.settings = settings
         self.prediction = prediction
+        self.owner = owner
         self._loop = loop
         self._messages: asyncio.Queue[Message] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -104,14 +107,17 @@ class Worker:
         drafter: Drafter | None,
         *,
         max_queue: int,
-        history: HistoryIndex | None = None,
+        history_tokens: int = 0,
     ) -> None:
-        """`history`: every finished request's prompt and answer go there, and the drafter
-        drafts from them (one history: the server has one API key at most)."""
+        """`history_tokens`: each owner's finished prompts and answers, up to this many
+        tokens, are what the drafter drafts from for that owner's requests (0: none). One
+        owner's text is never drafted into another's answers, and neither is the KV cache
+        one left behind reused for another (its `cached_tokens` would tell)."""
         self.pair = pair
         self.drafter = drafter
-        self.history = history
-        use_history(drafter, history)
+        self.history_tokens = history_tokens
+        self.histories: dict[str | None, HistoryIndex] = {}
+        self._cache_owner: str | None = None
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
@@ -194,8 +200,26 @@ class Worker:
             if failure is not None:
                 job.post(Failed(failure))
 
+    def history_of(self, owner: str | None) -> HistoryIndex | None:
+        if self.history_tokens <= 0:
+            return None
+        if owner not in self.histories:
+            self.histories[owner] = HistoryIndex(self.history_tokens)
+        return self.histories[owner]
+
+    def _hand_over_caches(self, owner: str | None) -> None:
+        """Another owner's request starts from empty caches."""
+        if owner != self._cache_owner:
+            for backend in (self.pair.target, self.pair.drafter):
+                if backend is not None:
+                    backend.truncate(0)
+            self._cache_owner = owner
+
     def _run(self, job: Job) -> None:
         target = self.pair.target
+        self._hand_over_caches(job.owner)
+        history = self.history_of(job.owner)
+        use_history(self.drafter, history)
         prompt = self._tokens(job.prompt)
         try:
             check_prompt_fits(prompt, target.n_ctx)
@@ -223,8 +247,8 @@ class Worker:
                     finished = event
         finally:
             events.close()
-        if finished is not None and self.history is not None:
-            self.history.add([*prompt, *finished.tokens])
+        if finished is not None and history is not None:
+            history.add([*prompt, *finished.tokens])
         job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
 
     def _tokens(self, prompt: ChatPrompt | TextPrompt) -> list[int]:

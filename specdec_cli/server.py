@@ -27,7 +27,7 @@ from . import render, render_serve
 from .adaptive import costs_of
 from .engine import GenerationSettings
 from .errors import SpecdecError
-from .history import DEFAULT_HISTORY_TOKENS, HistoryIndex
+from .history import DEFAULT_HISTORY_TOKENS
 from .render_serve import RequestLog, RequestRecord
 from .serve_protocol import (
     Answer,
@@ -52,7 +52,7 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8080
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # none: no authentication; each key its own history
     max_queue: int = 16
     json_log: bool = False
     # Earlier prompts and answers kept in memory to draft from (0: none); see README.
@@ -75,7 +75,7 @@ class ServerState:
         decode: DecodeRequest,
         *,
         aliases: tuple[str, ...] = (),
-        api_key: str | None = None,
+        api_keys: tuple[str, ...] = (),
         log: RequestLog,
     ) -> None:
         self.worker = worker
@@ -84,14 +84,16 @@ class ServerState:
         self.model_id = decode.target.stem
         self.model_names = {self.model_id, decode.target.name, *aliases}
         self.created = int(decode.target.stat().st_mtime) if decode.target.exists() else 0
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.log = log
         self._draining: set[asyncio.Task] = set()
         self._noted_another_name = False
 
-    def authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
+    def authorize(self, request: Request) -> str | None:
+        """Whose request it is: "key N" for the N-th --api-key (never the key itself), None
+        on a server without keys."""
+        if not self.api_keys:
+            return None
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(
@@ -100,13 +102,16 @@ class ServerState:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        given = token.strip().encode()
+        matches = [hmac.compare_digest(given, key.encode()) for key in self.api_keys]
+        if not any(matches):
             raise ApiError(
                 401,
                 "Incorrect API key provided.",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        return f"key {matches.index(True) + 1}"
 
     def note_model_name(self, name: str | None) -> None:
         """A completion request may name any model, as with llama-server: clients are often
@@ -263,12 +268,14 @@ async def _complete(
 ) -> Response:
     record = RequestRecord(request.method, request.url.path, time.perf_counter())
     try:
-        state.authorize(request)
+        owner = state.authorize(request)
         parsed = parse_request(await _read_body(request), request_type)
         record.stream = parsed.stream
         state.note_model_name(parsed.model)
         loop = asyncio.get_running_loop()
-        job = Job(make_prompt(parsed), state.settings_for(parsed), parsed.prediction_text(), loop)
+        job = Job(
+            make_prompt(parsed), state.settings_for(parsed), parsed.prediction_text(), loop, owner
+        )
         state.worker.submit(job)
         started = await _unless_disconnected(request, job, _started(job))
         if started is None:
@@ -433,18 +440,19 @@ def serve(request: ServeRequest) -> int:
     options = request.options
     console = render.stderr_console()
     if not is_loopback(options.host):
-        render_serve.print_network_warning(console, options.host, options.api_key is not None)
+        render_serve.print_network_warning(console, options.host, bool(options.api_keys))
     sock = _listen(options.host, options.port)
     loading = console.status("loading models…", spinner="dots")
     with loading if console.is_terminal else contextlib.nullcontext():
         pair = load_models(request.decode)
         fit_context(pair, request.decode.hardware, SERVE_CONTEXT)
         drafter = drafter_for(request.decode, pair)
-    history = HistoryIndex(options.history_tokens) if options.history_tokens > 0 else None
-    worker = Worker(pair, drafter, max_queue=options.max_queue, history=history)
+    worker = Worker(
+        pair, drafter, max_queue=options.max_queue, history_tokens=options.history_tokens
+    )
     log = RequestLog(sys.stderr, json_lines=options.json_log)
     state = ServerState(
-        worker, request.decode, aliases=request.aliases, api_key=options.api_key, log=log
+        worker, request.decode, aliases=request.aliases, api_keys=options.api_keys, log=log
     )
     config = uvicorn.Config(
         create_app(state),

@@ -11,7 +11,7 @@ import pytest
 from specdec_cli import serve_worker
 from specdec_cli.adaptive import CostModel, build_drafter
 from specdec_cli.engine import Generation, GenerationSettings
-from specdec_cli.history import HistoryIndex
+from specdec_cli.history import DEFAULT_HISTORY_TOKENS
 from specdec_cli.serve_protocol import Answer
 from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker
 from specdec_cli.session import HardwareOptions, load_pair
@@ -28,9 +28,11 @@ def worker(tiny_models):
     worker.close()
 
 
-def run_job(worker: Worker, prompt, settings: GenerationSettings, prediction=None) -> list:
+def run_job(
+    worker: Worker, prompt, settings: GenerationSettings, prediction=None, owner=None
+) -> list:
     async def go() -> list:
-        job = Job(prompt, settings, prediction, asyncio.get_running_loop())
+        job = Job(prompt, settings, prediction, asyncio.get_running_loop(), owner)
         worker.submit(job)
         messages = [await job.next()]
         while not isinstance(messages[-1], Answer | Failed):
@@ -98,13 +100,12 @@ def test_a_template_that_refuses_the_messages_is_a_400(worker, monkeypatch):
     assert isinstance(answer, Answer)
 
 
-def drafting_worker(tiny_models, history: HistoryIndex | None) -> Worker:
+def drafting_worker(tiny_models, history_tokens: int) -> Worker:
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=512, threads=1))
     # Verification priced as free: every match worth drafting is drafted.
     costs = CostModel({1: 1.0, 64: 1.0}, 0.0, learn=False)
-    worker = Worker(
-        pair, build_drafter("ngram", pair.target, None, costs), max_queue=4, history=history
-    )
+    drafter = build_drafter("ngram", pair.target, None, costs)
+    worker = Worker(pair, drafter, max_queue=4, history_tokens=history_tokens)
     worker.start()
     return worker
 
@@ -112,8 +113,8 @@ def drafting_worker(tiny_models, history: HistoryIndex | None) -> Worker:
 def test_a_repeated_request_drafts_from_the_history_and_answers_the_same(tiny_models):
     prompt, settings = TextPrompt("the cat sat on"), GenerationSettings(max_tokens=24)
     answers = {}
-    for label, history in (("kept", HistoryIndex()), ("none", None)):
-        worker = drafting_worker(tiny_models, history)
+    for label, history_tokens in (("kept", DEFAULT_HISTORY_TOKENS), ("none", 0)):
+        worker = drafting_worker(tiny_models, history_tokens)
         try:
             answers[label] = [run_job(worker, prompt, settings)[-1].finished for _ in range(2)]
         finally:
@@ -123,3 +124,36 @@ def test_a_repeated_request_drafts_from_the_history_and_answers_the_same(tiny_mo
     assert kept[1].stats.draft_sources["history"] > 0
     assert kept[0].stats.draft_sources["history"] == 0  # nothing before the first request
     assert none[1].stats.draft_sources["history"] == 0
+
+
+def test_each_api_key_drafts_only_from_its_own_history(tiny_models):
+    """Client 2 asks what client 1 asked: its answer is the same, but nothing of client 1's
+    answer is drafted into it; its own repeat is."""
+    prompt, settings = TextPrompt("the cat sat on"), GenerationSettings(max_tokens=24)
+    worker = drafting_worker(tiny_models, DEFAULT_HISTORY_TOKENS)
+    try:
+        first = [run_job(worker, prompt, settings, owner="key 1")[-1] for _ in range(2)]
+        other = [run_job(worker, prompt, settings, owner="key 2")[-1] for _ in range(2)]
+    finally:
+        worker.close()
+    assert first[1].finished.stats.draft_sources["history"] > 0
+    assert other[0].finished.stats.draft_sources["history"] == 0  # key 1's text stays key 1's
+    assert other[1].finished.stats.draft_sources["history"] > 0
+    assert len({answer.finished.text for answer in first + other}) == 1
+    assert set(worker.histories) == {"key 1", "key 2"}
+    assert [len(worker.histories[key]) for key in ("key 1", "key 2")] == [2, 2]
+
+
+def test_another_keys_request_does_not_reuse_the_kv_cache_one_left(tiny_models):
+    """`cached_tokens` would tell client 2 what client 1's prompt began with."""
+    prompt = TextPrompt("the cat sat on the mat " * 30)  # whole prompt chunks to reuse
+    settings = GenerationSettings(max_tokens=4)
+    worker = drafting_worker(tiny_models, 0)
+    try:
+        owners = ["key 1", "key 1", "key 2", "key 1", None]
+        started = [run_job(worker, prompt, settings, owner=owner)[0] for owner in owners]
+    finally:
+        worker.close()
+    cached = [message.cached_tokens for message in started]
+    assert cached[0] == 0 and cached[1] > 0  # the same client reuses its own prefix
+    assert cached[2:] == [0, 0, 0]

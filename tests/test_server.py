@@ -24,6 +24,7 @@ from specdec_cli.cli import app
 from specdec_cli.llama_backend import PROMPT_CHUNK
 
 KEY = "test-key"
+SECOND_KEY = "another-client"  # a second --api-key: its own history, its own caches
 CTX = 32768
 LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on for 6000+ tokens
 LONG_CHAT = "one two three four"  # chat, greedy: ~1500 tokens before it stops
@@ -93,7 +94,7 @@ def server(tiny_models, tmp_path_factory):
     process = ServerProcess(
         *("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter)),
         *("--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1"),
-        *("--api-key", KEY, "--json-log"),
+        *("--api-key", KEY, "--api-key", SECOND_KEY, "--json-log"),
         home=home,
     )
     yield process
@@ -310,6 +311,13 @@ def test_a_missing_or_wrong_api_key_is_401(server, reference, authorization):
         assert response.json()["error"]["code"] == "invalid_api_key"
     assert http(server, "GET", "/health", key=None).json()["status"] == "ok"
     assert_still_answers(server, reference)
+
+
+def test_every_configured_key_is_accepted_and_answers_the_same(server, reference):
+    for key in (SECOND_KEY, KEY):
+        response = http(server, "POST", "/v1/chat/completions", key=key, json=GOOD)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"] == reference
 
 
 # ---- many clients, and clients that leave ----------------------------------------------------
