@@ -51,17 +51,10 @@ from .engine import (
 )
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .history import HistoryIndex
+from .loading import ModelPair, fit_context, load_drafter, load_pair
+from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
+from .request import HardwareOptions
 from .sampling import SamplingSettings, TokenChooser
-from .session import (
-    HardwareOptions,
-    ModelPair,
-    check_prompt_fits,
-    fit_context,
-    load_drafter,
-    load_pair,
-    prediction_tokens,
-    prompt_tokens,
-)
 
 SCHEMA = "specdec.bench/1"
 TARGET_ALONE = "target alone"  # always llama.cpp's default kernels: the speed to beat

@@ -25,7 +25,8 @@ from .drafters import Drafter, ModelDrafter
 from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
 from .errors import BadUsageError, ModelFileError, SpecdecError
 from .history import HistoryFile, HistoryIndex
-from .session import ModelPair, check_prompt_fits, prediction_tokens, read_prediction
+from .loading import ModelPair
+from .prompting import check_prompt_fits, prediction_tokens, read_prediction
 
 COMMANDS: dict[str, str] = {
     "/help": "this list",

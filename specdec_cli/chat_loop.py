@@ -13,17 +13,11 @@ from typing import TextIO
 from . import render
 from .adaptive import costs_of
 from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
+from .cost_cache import remember_costs
 from .engine import Piece
 from .errors import SpecdecError
-from .session import (
-    CHAT_CONTEXT,
-    DecodeRequest,
-    drafter_for,
-    fit_context,
-    load_history,
-    load_models,
-    remember_costs,
-)
+from .loading import CHAT_CONTEXT, drafter_for, fit_context, load_history, load_models
+from .request import DecodeRequest
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from .adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
 from .engine import SamplingRule
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .history import DEFAULT_HISTORY_TOKENS
+from .request import DecodeRequest, HardwareOptions
 from .sampling import SamplingSettings
-from .session import DecodeRequest, HardwareOptions
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -212,7 +212,7 @@ def read_prompt(argument: str | None, stdin_taken: bool = False) -> str:
 
 
 def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
-    from .session import read_prediction
+    from .prompting import read_prediction
 
     if predict is None:
         return None

@@ -21,10 +21,14 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .backend import kept_prefix
 from .json_cache import replacing
+
+if TYPE_CHECKING:
+    from .loading import ModelPair
+    from .request import HardwareOptions
 
 FORMAT = "specdec.prompt-cache/1"
 # A cached prefix shorter than this is not worth reading a file for.
@@ -197,3 +201,14 @@ def _sha256(data: bytes) -> str:
 
 def _digest(tokens: list[int]) -> str:
     return _sha256(json.dumps(tokens).encode())
+
+
+def prompt_cache_key(pair: ModelPair, hardware: HardwareOptions) -> str:
+    """What a saved KV state depends on: each model file's content, the kernels (exact or
+    fast, and the build), threads and GPU layers."""
+    from . import llama_backend
+    from .fetch import cached_sha256
+
+    files = [cached_sha256(b.path) if b and b.path else "-" for b in (pair.target, pair.drafter)]
+    setup = f"{hardware.placement()}:{llama_backend.kernel_signature(hardware.exact)}"
+    return hashlib.sha256("|".join([*files, setup]).encode()).hexdigest()

@@ -12,24 +12,15 @@ from typing import TYPE_CHECKING
 from . import render
 from .adaptive import CostModel, costs_of, use_history
 from .comparison import Comparison, compare_outputs
+from .cost_cache import remember_costs
 from .drafters import Drafter
 from .engine import Finished, Generation
 from .errors import EXIT_INTERRUPTED
 from .history import HistoryFile
-from .prompt_cache import PromptCache, StatefulBackend
-from .session import (
-    DecodeRequest,
-    ModelPair,
-    check_prompt_fits,
-    drafter_for,
-    fit_context,
-    load_history,
-    load_models,
-    prediction_tokens,
-    prompt_cache_key,
-    prompt_tokens,
-    remember_costs,
-)
+from .loading import ModelPair, drafter_for, fit_context, load_history, load_models
+from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
+from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
+from .request import DecodeRequest
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -30,8 +30,9 @@ from .drafters import Drafter
 from .engine import Finished, Generation, GenerationSettings, Piece
 from .errors import SpecdecError
 from .history import HistoryIndex
+from .loading import ModelPair
+from .prompting import check_prompt_fits
 from .serve_protocol import Answer, ApiError, bad_request
-from .session import ModelPair, check_prompt_fits
 
 
 def shutting_down() -> ApiError:

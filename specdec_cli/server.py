@@ -25,10 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import render, render_serve
 from .adaptive import costs_of
+from .cost_cache import remember_costs
 from .engine import GenerationSettings
 from .errors import SpecdecError
 from .history import DEFAULT_HISTORY_TOKENS
+from .loading import drafter_for, fit_context, load_models
 from .render_serve import RequestLog, RequestRecord
+from .request import DecodeRequest
 from .serve_protocol import (
     Answer,
     ApiError,
@@ -41,7 +44,6 @@ from .serve_protocol import (
     parse_request,
 )
 from .serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker, shutting_down
-from .session import DecodeRequest, drafter_for, fit_context, load_models, remember_costs
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVE_CONTEXT = 8192  # without --ctx-size: room for an editor's file and a long answer

@@ -16,8 +16,10 @@ from pathlib import Path
 from .drafters import ModelDrafter
 from .engine import Generation, GenerationSettings
 from .fetch import ResolvedModel, models_dir, sha256_of
+from .loading import load_pair
+from .prompting import prompt_tokens
 from .registry import load_registry, record_user_model
-from .session import HardwareOptions, load_pair, prompt_tokens
+from .request import HardwareOptions
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",

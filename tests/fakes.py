@@ -17,8 +17,8 @@ import numpy as np
 from specdec_cli.backend import VocabInfo, kept_prefix
 from specdec_cli.drafters import Draft, Drafter, ModelDrafter, Outcome
 from specdec_cli.errors import ModelFileError
+from specdec_cli.request import DecodeRequest, HardwareOptions
 from specdec_cli.sampling import Distribution, SamplingSettings, TokenChooser
-from specdec_cli.session import DecodeRequest, HardwareOptions
 
 LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
 

@@ -18,8 +18,8 @@ from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.engine import FinishReason, GenerationStats, SamplingRule
 from specdec_cli.errors import BadUsageError, ContextOverflowError
 from specdec_cli.fetch import cached_sha256
+from specdec_cli.request import HardwareOptions
 from specdec_cli.sampling import SamplingSettings
-from specdec_cli.session import HardwareOptions
 
 runner = CliRunner()
 

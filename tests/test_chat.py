@@ -19,7 +19,8 @@ from specdec_cli.chat import (
 from specdec_cli.cli import app
 from specdec_cli.engine import Finished, GenerationSettings, Piece
 from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError
-from specdec_cli.session import HardwareOptions, load_pair
+from specdec_cli.loading import load_pair
+from specdec_cli.request import HardwareOptions
 
 FIRST = "hello there"
 SECOND = "how are you today"

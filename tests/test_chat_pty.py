@@ -25,7 +25,8 @@ from specdec_cli.backend import encode_template_text
 from specdec_cli.chat import ChatSession
 from specdec_cli.engine import GenerationSettings, Piece, TokenKind
 from specdec_cli.llama_backend import PROMPT_CHUNK
-from specdec_cli.session import HardwareOptions, load_pair
+from specdec_cli.loading import load_pair
+from specdec_cli.request import HardwareOptions
 
 SPECDEC = [sys.executable, "-m", "specdec_cli"]  # works without the console script
 TIMEOUT = 20.0

@@ -25,7 +25,9 @@ from specdec_cli.drafters import ModelDrafter
 from specdec_cli.engine import Finished, Generation, GenerationSettings
 from specdec_cli.fetch import resolve_model
 from specdec_cli.llama_backend import LlamaBackend
-from specdec_cli.session import HardwareOptions, load_pair, prompt_tokens
+from specdec_cli.loading import load_pair
+from specdec_cli.prompting import prompt_tokens
+from specdec_cli.request import HardwareOptions
 
 pytestmark = pytest.mark.slow
 

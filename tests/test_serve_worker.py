@@ -12,9 +12,10 @@ from specdec_cli import serve_worker
 from specdec_cli.adaptive import CostModel, build_drafter
 from specdec_cli.engine import Generation, GenerationSettings
 from specdec_cli.history import DEFAULT_HISTORY_TOKENS
+from specdec_cli.loading import load_pair
+from specdec_cli.request import HardwareOptions
 from specdec_cli.serve_protocol import Answer
 from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker
-from specdec_cli.session import HardwareOptions, load_pair
 
 
 @pytest.fixture

@@ -1,0 +1,124 @@
+"""Loading the models a request names, and sizing their contexts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .adaptive import CostModel, build_drafter
+from .backend import Backend
+from .compat import check_compatible
+from .cost_cache import pair_costs
+from .drafters import Drafter
+from .history import HistoryFile, HistoryIndex
+from .request import DecodeRequest, HardwareOptions
+
+
+@dataclass
+class ModelPair:
+    target: Backend
+    drafter: Backend | None
+    costs: CostModel | None = None  # decode timings on this machine, once measured
+    # More drafters to compare (bench): name -> (backend, its costs once measured)
+    alternates: dict[str, tuple[Backend, CostModel | None]] = field(default_factory=dict)
+
+    def backends(self) -> list[Backend]:
+        others = [backend for backend, _ in self.alternates.values()]
+        return [b for b in (self.target, self.drafter, *others) if b is not None]
+
+    def reset(self) -> None:
+        for backend in self.backends():
+            backend.truncate(0)
+
+    def close(self) -> None:
+        for backend in self.backends():
+            backend.close()
+
+
+def load_pair(
+    target_path: Path,
+    draft_path: Path | None,
+    hardware: HardwareOptions,
+    force_incompatible: bool = False,
+) -> ModelPair:
+    from . import llama_backend  # imported late: loading llama.cpp takes a moment
+
+    llama_backend.set_verbose(hardware.verbose)
+    target = llama_backend.LlamaBackend(
+        target_path,
+        n_ctx=hardware.ctx_size or MIN_CONTEXT,
+        n_threads=hardware.threads,
+        n_gpu_layers=hardware.gpu_layers,
+        exact=hardware.exact,
+        workers=hardware.rpc,
+        tensor_split=hardware.tensor_split,
+    )
+    pair = ModelPair(target, None)
+    fit_context(pair, hardware, MIN_CONTEXT)  # only a model trained on less changes
+    if draft_path is not None:
+        pair.drafter = load_drafter(target, draft_path, hardware, force_incompatible)
+    return pair
+
+
+def load_models(request: DecodeRequest) -> ModelPair:
+    return load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+
+
+def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
+    """The drafter the request's mode asks for, timed on this machine."""
+    if request.drafter_mode == "none":
+        return None
+    costs = pair_costs(pair, request.hardware)
+    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
+
+
+MIN_CONTEXT = 1024
+
+
+CHAT_CONTEXT = 4096  # a conversation grows: room for several exchanges
+
+
+CONTEXT_STEP = 256  # llama.cpp pads contexts to this
+
+
+def fit_context(pair: ModelPair, hardware: HardwareOptions, needed: int) -> None:
+    """Unless --ctx-size was given, contexts of `needed` tokens: rounded up, at least
+    MIN_CONTEXT, but never longer than the target was trained for."""
+    if hardware.ctx_size is not None:
+        return
+    n_ctx = context_size(needed, pair.target.n_ctx_train)
+    for backend in pair.backends():
+        if backend.n_ctx != n_ctx:
+            backend.resize_context(n_ctx)
+
+
+def context_size(needed: int, trained: int) -> int:
+    rounded = -(-max(needed, MIN_CONTEXT) // CONTEXT_STEP) * CONTEXT_STEP
+    return min(rounded, trained) if trained > 0 else rounded
+
+
+def load_drafter(
+    target: Backend, draft_path: Path, hardware: HardwareOptions, force_incompatible: bool = False
+) -> Backend:
+    from . import llama_backend
+
+    drafter = llama_backend.LlamaBackend(
+        draft_path,
+        n_ctx=target.n_ctx,  # the drafter follows the target through the same text
+        n_threads=hardware.threads,
+        n_gpu_layers=hardware.draft_gpu_layers,
+        local_only=bool(hardware.rpc),  # the drafter's passes cost no round trips
+    )
+    if not force_incompatible:
+        check_compatible(target, drafter)
+    return drafter
+
+
+def load_history(folder: Path, target: Path) -> tuple[HistoryFile, HistoryIndex, int]:
+    """The --history file for a target (one per vocabulary, see HistoryFile), its index, and
+    how many damaged lines were skipped."""
+    from .fetch import FINGERPRINT_CHARS, fingerprints
+
+    file = HistoryFile(folder, fingerprints().fingerprint(target)[:FINGERPRINT_CHARS])
+    index, damaged = file.load()
+    return file, index, damaged
