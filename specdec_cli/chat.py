@@ -143,10 +143,10 @@ class Turn:
         self.user = user
         self.dropped = dropped
         self.record: TurnRecord | None = None
+        self.rendered = rendered  # the conversation through the template, up to this reply
+        self.reused = reused  # prompt tokens the target's cache already held
+        self.decoded_before = session.decoded_counts()
         self._session = session
-        self._rendered = rendered
-        self._reused = reused
-        self._decoded_before = session._decoded_counts()
 
     def events(self):
         for event in self.generation.events():
@@ -157,13 +157,13 @@ class Turn:
     def stop(self) -> Finished:
         """End the turn with what was produced so far; the conversation keeps it."""
         finished = self.generation.interrupted()
-        self._session._resync_caches()
+        self._session.resync_caches()
         self._finish(finished)
         return finished
 
     def _finish(self, finished: Finished) -> None:
         if self.record is None:
-            self.record = self._session._finish(self, finished)
+            self.record = self._session.finish_turn(self, finished)
 
 
 class ChatSession:
@@ -280,7 +280,8 @@ class ChatSession:
         # First turn, or the history changed (reset, new system message, dropped turns).
         return rendered, encode_template_text(target, rendered)
 
-    def _finish(self, turn: Turn, finished: Finished) -> TurnRecord:
+    def finish_turn(self, turn: Turn, finished: Finished) -> TurnRecord:
+        """Called by the turn once: keep the exchange, count what it cost."""
         generation = turn.generation
         reply = finished.text
         if finished.finish_reason != FinishReason.INTERRUPTED:
@@ -292,17 +293,17 @@ class ChatSession:
         # stop string cut the text, or a character was left incomplete).
         spelled = b"".join(self.pair.target.token_bytes(t) for t in finished.tokens)
         if spelled == reply.encode("utf-8"):
-            self._known = _Known(turn._rendered + reply, generation.prompt + finished.tokens)
+            self._known = _Known(turn.rendered + reply, generation.prompt + finished.tokens)
         else:
             self._known = None
-        after = self._decoded_counts()
+        after = self.decoded_counts()
         decoded = [
             None if b is None or a is None else a - b
-            for b, a in zip(turn._decoded_before, after, strict=True)
+            for b, a in zip(turn.decoded_before, after, strict=True)
         ]
         record = TurnRecord(
             prompt_tokens=len(generation.prompt),
-            reused_tokens=turn._reused,
+            reused_tokens=turn.reused,
             reply_tokens=len(finished.tokens),
             target_decoded=decoded[0],
             drafter_decoded=decoded[1],
@@ -321,11 +322,12 @@ class ChatSession:
             if self.history_problem:
                 self.history_file = None  # unwritable: the session goes on without it
 
-    def _decoded_counts(self) -> tuple[int, int | None]:
+    def decoded_counts(self) -> tuple[int, int | None]:
+        """Tokens each backend has evaluated so far (None: the session has no drafter)."""
         drafter = self.pair.drafter
         return self.pair.target.tokens_decoded, None if drafter is None else drafter.tokens_decoded
 
-    def _resync_caches(self) -> None:
+    def resync_caches(self) -> None:
         """After an interruption, drop any KV entries past what each backend lists as cached
         (a Ctrl-C that lands between llama_decode and the bookkeeping after it)."""
         for backend in (self.pair.target, self.pair.drafter):
