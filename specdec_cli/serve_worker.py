@@ -21,6 +21,7 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass, replace
+from enum import Enum
 
 import jinja2
 
@@ -32,11 +33,34 @@ from .errors import SpecdecError
 from .history import HistoryIndex
 from .loading import ModelPair
 from .prompting import check_prompt_fits
-from .serve_protocol import Answer, ApiError, bad_request
+from .serve_protocol import Answer
 
 
-def shutting_down() -> ApiError:
-    return ApiError(503, "The server is shutting down.", kind="server_error")
+class Failure(Enum):
+    """Why the worker could not answer; server.py says it in HTTP (api_error)."""
+
+    BAD_PROMPT = "bad_prompt"  # the request's own doing: it cannot be answered as it is
+    TOO_LONG = "too_long"  # the prompt does not fit the context
+    QUEUE_FULL = "queue_full"
+    SHUTTING_DOWN = "shutting_down"
+    CLIENT_GONE = "client_gone"  # it left while its request waited
+    INTERNAL = "internal"  # a bug: logged with its traceback
+
+
+class WorkerError(Exception):
+    def __init__(self, failure: Failure, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.message = message
+        self.param = param  # the request field at fault, where there is one
+
+
+def shutting_down() -> WorkerError:
+    return WorkerError(Failure.SHUTTING_DOWN, "The server is shutting down.")
+
+
+def bad_prompt(message: str, param: str | None = None) -> WorkerError:
+    return WorkerError(Failure.BAD_PROMPT, message, param)
 
 
 @dataclass(frozen=True)
@@ -57,7 +81,7 @@ class Started:
 
 @dataclass(frozen=True)
 class Failed:
-    error: ApiError
+    error: WorkerError
 
 
 Message = Started | str | Answer | Failed
@@ -144,13 +168,10 @@ class Worker:
             self._jobs.put_nowait(job)
             self.received += 1
         except queue.Full:
-            raise ApiError(
-                503,
+            raise WorkerError(
+                Failure.QUEUE_FULL,
                 f"The server is busy: {self.max_queue} requests are already waiting. "
                 "Retry shortly.",
-                kind="server_error",
-                code="queue_full",
-                headers={"Retry-After": "1"},
             ) from None
 
     def stop_all(self) -> None:
@@ -182,20 +203,20 @@ class Worker:
             if job is None:
                 return
             if job.cancelled:  # its client left while it waited
-                job.post(Failed(ApiError(499, "The client closed the request.")))
+                job.post(Failed(WorkerError(Failure.CLIENT_GONE, "The client closed the request.")))
                 continue
             self._current = job
             clean, failure = True, None
             try:
                 self._run(job)
-            except ApiError as error:
+            except WorkerError as error:
                 failure = error
             except SpecdecError as error:  # e.g. llama_decode refused: the request's doing
-                clean, failure = False, bad_request(str(error))
+                clean, failure = False, bad_prompt(str(error))
             except Exception as error:  # a bug: say so, keep serving
                 traceback.print_exc(file=sys.stderr)
                 message = f"Internal error: {type(error).__name__}: {error}"
-                clean, failure = False, ApiError(500, message, kind="server_error")
+                clean, failure = False, WorkerError(Failure.INTERNAL, message)
             self._settle_caches(clean)  # before the client hears back: the next job may be its
             self._current = None
             if failure is not None:
@@ -226,7 +247,7 @@ class Worker:
             check_prompt_fits(prompt, target.n_ctx)
         except SpecdecError as error:
             param = "messages" if isinstance(job.prompt, ChatPrompt) else "prompt"
-            raise bad_request(str(error), param, "context_length_exceeded") from None
+            raise WorkerError(Failure.TOO_LONG, str(error), param) from None
         settings = job.settings
         if job.prediction:
             predicted = target.tokenize(job.prediction, add_special=False)
@@ -258,17 +279,17 @@ class Worker:
             tokens = target.tokenize(prompt.text, add_special=True)
         else:
             if getattr(target, "chat_template", lambda: "")() is None:
-                raise bad_request(
+                raise bad_prompt(
                     "This model has no chat template; use /v1/completions with a raw prompt."
                 )
             try:
                 tokens = encode_chat(target, prompt.messages)
             except jinja2.TemplateError as error:  # e.g. "roles must alternate"
-                raise bad_request(
+                raise bad_prompt(
                     f"The model's chat template refused these messages: {error}", "messages"
                 ) from None
         if not tokens:
-            raise bad_request("The prompt is empty.", "prompt")
+            raise bad_prompt("The prompt is empty.", "prompt")
         return tokens
 
     def _settle_caches(self, clean: bool) -> None:

@@ -43,7 +43,17 @@ from .serve_protocol import (
     model_card,
     parse_request,
 )
-from .serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker, shutting_down
+from .serve_worker import (
+    ChatPrompt,
+    Failed,
+    Failure,
+    Job,
+    Started,
+    TextPrompt,
+    Worker,
+    WorkerError,
+    shutting_down,
+)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVE_CONTEXT = 8192  # without --ctx-size: room for an editor's file and a long answer
@@ -278,7 +288,10 @@ async def _complete(
         job = Job(
             make_prompt(parsed), state.settings_for(parsed), parsed.prediction_text(), loop, owner
         )
-        state.worker.submit(job)
+        try:
+            state.worker.submit(job)
+        except WorkerError as error:
+            raise api_error(error) from None
         started = await _unless_disconnected(request, job, _started(job))
         if started is None:
             state.log_when_done(job, record)
@@ -312,6 +325,23 @@ async def _read_body(request: Request) -> bytes:
     return bytes(body)
 
 
+def api_error(error: WorkerError) -> ApiError:
+    """A worker's failure in OpenAI's error shape."""
+    failure, message, param = error.failure, error.message, error.param
+    if failure is Failure.BAD_PROMPT:
+        return ApiError(400, message, param=param)
+    if failure is Failure.TOO_LONG:
+        return ApiError(400, message, param=param, code="context_length_exceeded")
+    if failure is Failure.QUEUE_FULL:
+        headers = {"Retry-After": "1"}
+        return ApiError(503, message, kind="server_error", code="queue_full", headers=headers)
+    if failure is Failure.SHUTTING_DOWN:
+        return ApiError(503, message, kind="server_error")
+    if failure is Failure.CLIENT_GONE:
+        return ApiError(499, message)
+    return ApiError(500, message, kind="server_error")
+
+
 def _too_large() -> ApiError:
     return ApiError(413, f"The request body is larger than {MAX_BODY_BYTES // 2**20} MiB.")
 
@@ -319,7 +349,7 @@ def _too_large() -> ApiError:
 async def _started(job: Job) -> Started:
     message = await job.next()
     if isinstance(message, Failed):
-        raise message.error
+        raise api_error(message.error)
     assert isinstance(message, Started), message
     return message
 
@@ -329,10 +359,11 @@ async def _answer(job: Job) -> Answer:
         message = await job.next()
         if isinstance(message, Answer):
             if message.finished.finish_reason == "interrupted":
-                raise shutting_down()  # only shutdown stops a job whose client is still there
+                # only shutdown stops a job whose client is still there
+                raise api_error(shutting_down())
             return message
         if isinstance(message, Failed):
-            raise message.error
+            raise api_error(message.error)
 
 
 async def _unless_disconnected(request: Request, job: Job, awaitable: Awaitable):
@@ -375,12 +406,12 @@ async def _events(
                 yield _sse(shape.delta(ids, message, with_usage))
                 continue
             ended = True
-            error = message.error if isinstance(message, Failed) else None
+            error = api_error(message.error) if isinstance(message, Failed) else None
             if isinstance(message, Answer):
                 record.stats = message.finished.stats
                 record.finish_reason = message.finished.finish_reason
                 if record.finish_reason == "interrupted":
-                    error = shutting_down()
+                    error = api_error(shutting_down())
             if error is None:
                 assert isinstance(message, Answer)  # Started never comes twice; Failed has an error
                 state.log.write(record)

@@ -15,7 +15,16 @@ from specdec_cli.history import DEFAULT_HISTORY_TOKENS
 from specdec_cli.loading import load_pair
 from specdec_cli.request import HardwareOptions
 from specdec_cli.serve_protocol import Answer
-from specdec_cli.serve_worker import ChatPrompt, Failed, Job, Started, TextPrompt, Worker
+from specdec_cli.serve_worker import (
+    ChatPrompt,
+    Failed,
+    Failure,
+    Job,
+    Started,
+    TextPrompt,
+    Worker,
+    WorkerError,
+)
 
 
 @pytest.fixture
@@ -80,7 +89,7 @@ def test_a_failing_generation_is_a_500_and_leaves_the_caches_consistent(worker, 
 
     monkeypatch.setattr(serve_worker, "Generation", Failing)
     failed = run_job(worker, prompt, settings)[-1]
-    assert isinstance(failed, Failed) and failed.error.status == 500
+    assert isinstance(failed, Failed) and failed.error.failure is Failure.INTERNAL
     for backend in (worker.pair.target, worker.pair.drafter):
         assert backend.cached == []  # started over rather than trusting a half-done decode
 
@@ -96,7 +105,7 @@ def test_a_template_that_refuses_the_messages_is_a_400(worker, monkeypatch):
     prompt = ChatPrompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
     failed = run_job(worker, prompt, GenerationSettings(max_tokens=4))[-1]
     assert isinstance(failed, Failed)
-    assert failed.error.status == 400 and "alternate" in failed.error.message
+    assert failed.error.failure is Failure.BAD_PROMPT and "alternate" in failed.error.message
     answer = run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=4))[-1]
     assert isinstance(answer, Answer)
 
@@ -158,3 +167,30 @@ def test_another_keys_request_does_not_reuse_the_kv_cache_one_left(tiny_models):
     cached = [message.cached_tokens for message in started]
     assert cached[0] == 0 and cached[1] > 0  # the same client reuses its own prefix
     assert cached[2:] == [0, 0, 0]
+
+
+def test_the_server_says_each_failure_in_http():
+    """The worker reports what went wrong; server.py alone knows HTTP."""
+    from specdec_cli.server import api_error
+
+    expected = {
+        Failure.BAD_PROMPT: (400, None),
+        Failure.TOO_LONG: (400, "context_length_exceeded"),
+        Failure.QUEUE_FULL: (503, "queue_full"),
+        Failure.SHUTTING_DOWN: (503, None),
+        Failure.CLIENT_GONE: (499, None),
+        Failure.INTERNAL: (500, None),
+    }
+    assert set(expected) == set(Failure)
+    for failure, (status, code) in expected.items():
+        error = api_error(WorkerError(failure, "why", "messages"))
+        assert (error.status, error.code, error.message) == (status, code, "why"), failure
+    assert api_error(WorkerError(Failure.QUEUE_FULL, "busy")).headers == {"Retry-After": "1"}
+    assert api_error(WorkerError(Failure.TOO_LONG, "long", "prompt")).param == "prompt"
+
+
+def test_a_prompt_too_long_is_reported_with_the_field_at_fault(worker):
+    long_text = "the cat sat on the mat " * 200
+    failed = run_job(worker, TextPrompt(long_text), GenerationSettings(max_tokens=4))[-1]
+    assert isinstance(failed, Failed)
+    assert failed.error.failure is Failure.TOO_LONG and failed.error.param == "prompt"
