@@ -16,7 +16,15 @@ from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, u
 from .cost_cache import remember_costs
 from .engine import Piece
 from .errors import SpecdecError
-from .loading import CHAT_CONTEXT, drafter_for, fit_context, load_history, load_models
+from .loading import (
+    CHAT_CONTEXT,
+    ModelLoader,
+    drafter_for,
+    fit_context,
+    load_history,
+    load_models,
+    load_with_llama_cpp,
+)
 from .request import DecodeRequest
 
 
@@ -27,13 +35,17 @@ class ChatRequest:
     history: Path | None = None  # --history: a folder of earlier prompts and answers
 
 
-def run_chat(request: ChatRequest, stdin: TextIO | None = None) -> int:
+def run_chat(
+    request: ChatRequest,
+    stdin: TextIO | None = None,
+    loader: ModelLoader = load_with_llama_cpp,
+) -> int:
     stdin = stdin or sys.stdin
     interactive = stdin.isatty()
     view = render.ChatView.terminal(request.no_color) if interactive else render.ChatView.scripted()
     decode = request.decode
     with view.loading():
-        pair = load_models(decode)
+        pair = load_models(decode, loader)
         fit_context(pair, decode.hardware, CHAT_CONTEXT)
         drafter = drafter_for(decode, pair)
         history = index = None

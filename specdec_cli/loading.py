@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from .adaptive import CostModel, build_drafter
 from .backend import Backend
@@ -35,33 +36,59 @@ class ModelPair:
             backend.close()
 
 
-def load_pair(
-    target_path: Path,
-    draft_path: Path | None,
-    hardware: HardwareOptions,
-    force_incompatible: bool = False,
-) -> ModelPair:
+class ModelLoader(Protocol):
+    """Opens a model file as a Backend: llama.cpp (load_with_llama_cpp) or, in tests, a fake."""
+
+    def __call__(
+        self, path: Path, *, drafter: bool, n_ctx: int, hardware: HardwareOptions
+    ) -> Backend: ...
+
+
+def load_with_llama_cpp(
+    path: Path, *, drafter: bool, n_ctx: int, hardware: HardwareOptions
+) -> Backend:
     from . import llama_backend  # imported late: loading llama.cpp takes a moment
 
     llama_backend.set_verbose(hardware.verbose)
-    target = llama_backend.LlamaBackend(
-        target_path,
-        n_ctx=hardware.ctx_size or MIN_CONTEXT,
+    if drafter:
+        return llama_backend.LlamaBackend(
+            path,
+            n_ctx=n_ctx,
+            n_threads=hardware.threads,
+            n_gpu_layers=hardware.draft_gpu_layers,
+            local_only=bool(hardware.rpc),  # the drafter's passes cost no round trips
+        )
+    return llama_backend.LlamaBackend(
+        path,
+        n_ctx=n_ctx,
         n_threads=hardware.threads,
         n_gpu_layers=hardware.gpu_layers,
         exact=hardware.exact,
         workers=hardware.rpc,
         tensor_split=hardware.tensor_split,
     )
+
+
+def load_pair(
+    target_path: Path,
+    draft_path: Path | None,
+    hardware: HardwareOptions,
+    force_incompatible: bool = False,
+    loader: ModelLoader = load_with_llama_cpp,
+) -> ModelPair:
+    n_ctx = hardware.ctx_size or MIN_CONTEXT
+    target = loader(target_path, drafter=False, n_ctx=n_ctx, hardware=hardware)
     pair = ModelPair(target, None)
     fit_context(pair, hardware, MIN_CONTEXT)  # only a model trained on less changes
     if draft_path is not None:
-        pair.drafter = load_drafter(target, draft_path, hardware, force_incompatible)
+        pair.drafter = load_drafter(target, draft_path, hardware, force_incompatible, loader)
     return pair
 
 
-def load_models(request: DecodeRequest) -> ModelPair:
-    return load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
+def load_models(request: DecodeRequest, loader: ModelLoader = load_with_llama_cpp) -> ModelPair:
+    return load_pair(
+        request.target, request.draft, request.hardware, request.force_incompatible, loader
+    )
 
 
 def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
@@ -98,17 +125,14 @@ def context_size(needed: int, trained: int) -> int:
 
 
 def load_drafter(
-    target: Backend, draft_path: Path, hardware: HardwareOptions, force_incompatible: bool = False
+    target: Backend,
+    draft_path: Path,
+    hardware: HardwareOptions,
+    force_incompatible: bool = False,
+    loader: ModelLoader = load_with_llama_cpp,
 ) -> Backend:
-    from . import llama_backend
-
-    drafter = llama_backend.LlamaBackend(
-        draft_path,
-        n_ctx=target.n_ctx,  # the drafter follows the target through the same text
-        n_threads=hardware.threads,
-        n_gpu_layers=hardware.draft_gpu_layers,
-        local_only=bool(hardware.rpc),  # the drafter's passes cost no round trips
-    )
+    # the drafter follows the target through the same text: the same context
+    drafter = loader(draft_path, drafter=True, n_ctx=target.n_ctx, hardware=hardware)
     if not force_incompatible:
         check_compatible(target, drafter)
     return drafter

@@ -17,7 +17,15 @@ from .drafters import Drafter
 from .engine import Finished, Generation
 from .errors import EXIT_INTERRUPTED
 from .history import HistoryFile
-from .loading import ModelPair, drafter_for, fit_context, load_history, load_models
+from .loading import (
+    ModelLoader,
+    ModelPair,
+    drafter_for,
+    fit_context,
+    load_history,
+    load_models,
+    load_with_llama_cpp,
+)
 from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
 from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from .request import DecodeRequest
@@ -42,11 +50,13 @@ class RunRequest:
         return {**self.decode.record(), "raw": self.raw, "predicted": self.prediction is not None}
 
 
-def run_once(request: RunRequest, *, json_output: bool) -> int:
+def run_once(
+    request: RunRequest, *, json_output: bool, loader: ModelLoader = load_with_llama_cpp
+) -> int:
     err = render.stderr_console()
     show_progress = err.is_terminal and not json_output
     with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
-        pair = load_models(request.decode)
+        pair = load_models(request.decode, loader)
         prompt = prompt_tokens(
             pair.target, request.prompt, system=request.decode.system, raw=request.raw
         )
