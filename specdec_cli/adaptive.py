@@ -24,7 +24,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from .backend import Backend
+from .backend import Backend, Decoder
 from .drafters import (
     NO_MATCH,
     Draft,
@@ -262,7 +262,7 @@ def conservative_table(timings: ProbeTimings) -> dict[int, float]:
     return table
 
 
-def measure_costs(target: Backend, drafter: Backend | None, probe: Sequence[int]) -> CostModel:
+def measure_costs(target: Decoder, drafter: Decoder | None, probe: Sequence[int]) -> CostModel:
     """Time the decodes that matter on this machine, on a throwaway probe text, and check
     the timings (see probe_problems). A probe that fails is taken again; if that fails too,
     the run starts from a conservative table built from both, marked untrusted (not to be
@@ -286,7 +286,7 @@ def _probed(timings: ProbeTimings, origin: str) -> CostModel:
     return CostModel(table, step, origin=origin)
 
 
-def _probe(target: Backend, drafter: Backend | None, probe: Sequence[int]) -> ProbeTimings:
+def _probe(target: Decoder, drafter: Decoder | None, probe: Sequence[int]) -> ProbeTimings:
     context = list(probe[: len(probe) - max(MEASURED_SIZES)])
     room = min(target.n_ctx, len(probe)) - len(context)
     verify = {
@@ -302,7 +302,7 @@ def _probe(target: Backend, drafter: Backend | None, probe: Sequence[int]) -> Pr
 
 
 def _decode_seconds(
-    backend: Backend, context: Sequence[int], tail: Sequence[int], reps: int = PROBE_REPEATS
+    backend: Decoder, context: Sequence[int], tail: Sequence[int], reps: int = PROBE_REPEATS
 ) -> list[float]:
     if backend.cached[: len(context)] != list(context):
         backend.truncate(0)
@@ -780,6 +780,6 @@ def costs_of(drafter: Drafter | None) -> CostModel | None:
     return drafter.costs if isinstance(drafter, AdaptiveDrafter) else None
 
 
-def measure_pair_costs(target: Backend, draft_model: Backend | None) -> CostModel:
+def measure_pair_costs(target: Backend, draft_model: Decoder | None) -> CostModel:
     probe = target.tokenize(_PROBE_TEXT, add_special=True)
     return measure_costs(target, draft_model, probe)

@@ -23,8 +23,9 @@ class VocabInfo:
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """A loaded model with one KV-cache sequence.
+class Decoder(Protocol):
+    """What the engine and the drafters need of a model: decode into a KV cache, roll it
+    back, and read the tokens that come out.
 
     `cached` is the list of tokens whose keys and values are in the cache, in order;
     `tokens_decoded` counts every token the model has evaluated (cache reuse shows in it).
@@ -32,15 +33,8 @@ class Backend(Protocol):
 
     n_vocab: int
     n_ctx: int
-    n_ctx_train: int  # the context length the model was trained for (0: unknown)
     cached: list[int]
     tokens_decoded: int
-    exact: bool  # small batches decoded with batch-invariant kernels (llama_backend)
-
-    @property
-    def path(self) -> Path | None:
-        """The model file; None for a backend not loaded from one (tests)."""
-        ...
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logit_rows` of them.
@@ -53,6 +47,23 @@ class Backend(Protocol):
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached token from position `n_keep` on."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+
+@runtime_checkable
+class Backend(Decoder, Protocol):
+    """A loaded model: the engine's side (Decoder), and what the commands need besides:
+    its file, its vocabulary and chat template, its context, prompt reuse."""
+
+    n_ctx_train: int  # the context length the model was trained for (0: unknown)
+
+    @property
+    def path(self) -> Path | None:
+        """The model file; None for a backend not loaded from one (tests)."""
         ...
 
     def prompt_reuse(self, prompt: Sequence[int]) -> int:
@@ -68,10 +79,6 @@ class Backend(Protocol):
         """`add_special`: add the model's BOS/EOS as it would to a text; `parse_special`:
         read special tokens written in the text (<|im_start|>) as themselves."""
         ...
-
-    def token_bytes(self, token: int) -> bytes: ...
-
-    def is_end_of_generation(self, token: int) -> bool: ...
 
     def vocab_info(self) -> VocabInfo: ...
 
@@ -94,6 +101,14 @@ class Backend(Protocol):
     def close(self) -> None:
         """Free the model now rather than when it is collected."""
         ...
+
+
+@runtime_checkable
+class SwitchableKernels(Protocol):
+    """A backend whose kernels can be switched between batch-invariant (exact) and
+    llama.cpp's own: bench compares both on one loaded model."""
+
+    exact: bool
 
 
 def encode_chat(backend: Backend, messages: list[dict[str, str]]) -> list[int]:
@@ -123,7 +138,7 @@ def kept_prefix(cached: Sequence[int], tokens: Sequence[int], n_rows: int) -> in
 
 
 def logits_for_suffix(
-    backend: Backend, tokens: Sequence[int], n_rows: int, prompt: bool = False
+    backend: Decoder, tokens: Sequence[int], n_rows: int, prompt: bool = False
 ) -> np.ndarray:
     """Bring the cache to `tokens` and return logits for its last `n_rows` positions.
 

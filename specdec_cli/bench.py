@@ -37,7 +37,7 @@ from .adaptive import (
     measure_pair_costs,
     use_history,
 )
-from .backend import Backend, encode_chat
+from .backend import Backend, SwitchableKernels, encode_chat
 from .comparison import Comparison, compare_outputs
 from .drafters import Draft, Drafter, Outcome, ngram_draft
 from .engine import (
@@ -910,7 +910,7 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
         pair.alternates[name] = (drafter, None)
     progress.stage("timing decodes")
     pair.costs = measure_pair_costs(pair.target, pair.drafter)
-    costs_fast = _fast_kernel_costs(pair) if pair.target.exact else None
+    costs_fast = _fast_kernel_costs(pair) if request.hardware.exact else None
     for name, (drafter, _) in pair.alternates.items():
         pair.alternates[name] = (drafter, measure_pair_costs(pair.target, drafter))
     for configuration in request.configurations:
@@ -929,11 +929,19 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
 
 def _fast_kernel_costs(pair: ModelPair) -> dict:
     """The target's decode costs with llama.cpp's own kernels (a probe, not used to plan)."""
-    pair.target.exact = False
+    switch_kernels(pair.target, exact=False)
     try:
         return measure_pair_costs(pair.target, None).as_dict()
     finally:
-        pair.target.exact = True
+        switch_kernels(pair.target, exact=True)
+
+
+def switch_kernels(target: Backend, exact: bool) -> None:
+    """The bench compares exact mode with llama.cpp's own kernels on one loaded target
+    (a second load would hold a second copy of the repacked weights)."""
+    if not isinstance(target, SwitchableKernels):
+        raise TypeError(f"{type(target).__name__} cannot switch kernels")
+    target.exact = exact
 
 
 def _context_needed(target: Backend, request: BenchRequest) -> int:
@@ -1116,7 +1124,7 @@ def _generate(
     The target alone is Generation with no drafter: one token per decode, exactly what
     `specdec run --no-draft` does."""
     pair.reset()
-    pair.target.exact = exact
+    switch_kernels(pair.target, exact)
     drafter = None
     if configuration is None:
         generation = Generation(pair.target, prompt, base, drafter=None)

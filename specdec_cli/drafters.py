@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .backend import Backend, logits_for_suffix
+from .backend import Decoder, logits_for_suffix
 from .sampling import Distribution, SamplingSettings, TokenChooser, distribution
 
 
@@ -70,7 +70,7 @@ class ModelDrafter:
     token falls below it (llama.cpp's p_min). `AdaptiveDrafter` steps it token by token.
     """
 
-    backend: Backend
+    backend: Decoder
     min_confidence: float = 0.0
     steps: int = field(default=0, init=False)
     step_seconds: list[float] = field(default_factory=list, init=False)

@@ -1,4 +1,4 @@
-"""Speculative and plain generation over Backends. Yields events; knows nothing of terminals."""
+"""Speculative and plain generation over Decoders. Yields events; knows nothing of terminals."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from enum import Enum
 
 import numpy as np
 
-from .backend import Backend, logits_for_suffix
+from .backend import Decoder, logits_for_suffix
 from .drafters import Draft, Drafter, Outcome
 from .sampling import (
     AcceptanceRule,
@@ -252,7 +252,7 @@ class Generation:
 
     def __init__(
         self,
-        target: Backend,
+        target: Decoder,
         prompt: Sequence[int],
         settings: GenerationSettings,
         drafter: Drafter | None = None,

@@ -20,7 +20,7 @@ from fakes import (
 from surface import protocol_members, surface_differences
 
 from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
-from specdec_cli.backend import Backend, common_prefix_length
+from specdec_cli.backend import Backend, Decoder, common_prefix_length
 from specdec_cli.drafters import Drafter, NgramDrafter
 from specdec_cli.engine import (
     Finished,
@@ -441,6 +441,10 @@ def test_stats_dict_is_consistent():
 def test_the_fakes_have_the_protocols_surface():
     # the comparison sees the protocols' members, methods, attributes and properties alike
     assert {"decode", "truncate", "n_ctx", "cached", "path"} <= set(protocol_members(Backend))
+    # the engine's side is what it uses, and no correctness mode
+    engine_side = {"n_vocab", "n_ctx", "cached", "tokens_decoded", "decode", "truncate"}
+    assert set(protocol_members(Decoder)) == engine_side | {"token_bytes", "is_end_of_generation"}
+    assert "exact" not in protocol_members(Backend)
     assert set(protocol_members(Drafter)) == {"propose", "observe", "begin"}
     target = table_target()
     assert surface_differences(target, Backend) == []
