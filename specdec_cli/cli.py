@@ -802,15 +802,15 @@ def bench(
 ) -> None:
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
     from . import bench as bench_lib
-    from . import render_bench
+    from . import bench_configs, bench_prompts, bench_report, render_bench
     from .adaptive import NEEDS_DRAFT_MODEL
 
     with user_errors():
         hardware = hardware_options(
             ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact, rpc, tensor_split
         )
-        modes = [bench_lib.check_bench_mode(m.strip()) for m in drafter.split(",") if m.strip()]
-        bases = [bench_lib.split_mode(mode)[0] for mode in modes]
+        modes = [bench_configs.check_bench_mode(m.strip()) for m in drafter.split(",") if m.strip()]
+        bases = [bench_configs.split_mode(mode)[0] for mode in modes]
         needs_model = next((m for m in bases if m in NEEDS_DRAFT_MODEL), "ngram")
         drafts = draft.split(",") if draft else []
         main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
@@ -821,11 +821,11 @@ def bench(
             target=target_path,
             draft=draft_path,
             extra_drafts=resolve_extra_drafts(extra_drafts, models=models, offline=offline),
-            prompts=bench_lib.select_prompts(
-                bench_lib.load_prompts(prompts), category or (), per_category
+            prompts=bench_prompts.select_prompts(
+                bench_prompts.load_prompts(prompts), category or (), per_category
             ),
-            configurations=bench_lib.configurations(
-                bench_lib.parse_int_list(draft_max, "--draft-max", ADAPTIVE_DRAFT_LIMIT)
+            configurations=bench_configs.configurations(
+                bench_configs.parse_int_list(draft_max, "--draft-max", ADAPTIVE_DRAFT_LIMIT)
                 if draft_max
                 else None,
                 modes,
@@ -844,10 +844,15 @@ def bench(
             force_incompatible=force,
             rule=rule,
         )
-        code = render_bench.run_and_report(
-            request, json_path=json_file, markdown_path=markdown_file
-        )
-    raise typer.Exit(code)
+        bench_report.check_output_paths(json_file, markdown_file)
+        with render_bench.progress_display() as progress:
+            report = bench_lib.run_bench(request, progress)
+        if json_file is not None:
+            bench_report.write_json(report, json_file)
+        if markdown_file is not None:
+            markdown_file.write_text(render_bench.markdown(report), encoding="utf-8")
+        render_bench.show_report(report, json_path=json_file, markdown_path=markdown_file)
+    raise typer.Exit(report.exit_code)
 
 
 def keys(given: list[str] | None) -> tuple[str, ...]:

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from .loading import ModelPair  # which imports this module
 
 COSTS_MAX_AGE_SECONDS = 24 * 3600
-
-
 # A run writes back what it learned only after this many timed decodes: fewer say little.
 COSTS_MIN_DECODES = 16
 

@@ -100,11 +100,7 @@ def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
 
 
 MIN_CONTEXT = 1024
-
-
 CHAT_CONTEXT = 4096  # a conversation grows: room for several exchanges
-
-
 CONTEXT_STEP = 256  # llama.cpp pads contexts to this
 
 

@@ -20,35 +20,27 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import bench, render
-from .errors import BadUsageError
+from . import bench, bench_configs, bench_report, render
 
 BAR_WIDTH = 36
 
 
-def run_and_report(
-    request: bench.BenchRequest, *, json_path: Path | None, markdown_path: Path | None
-) -> int:
-    """Run the bench with a live progress bar, write the files, print the report; the exit
-    code (0, 130 interrupted, 1 or the error's own code)."""
-    for path in (json_path, markdown_path):
-        if path is not None and str(path) != "-" and not path.parent.is_dir():
-            raise BadUsageError(
-                f"cannot write {path}: {path.parent} is not a folder.",
-                "Create it, or write the report somewhere else.",
-            )
+def progress_display() -> RichBenchProgress | _Quiet:
+    """A live progress bar on a terminal's stderr; nothing otherwise."""
     err = render.stderr_console()
-    # The report goes to the terminal: stdout if it is one, else stderr (stdout may be JSON).
+    return RichBenchProgress(err) if err.is_terminal else _Quiet()
+
+
+def show_report(
+    report: bench_report.BenchReport, *, json_path: Path | None, markdown_path: Path | None
+) -> None:
+    """The report on the terminal: stdout if it is one, else stderr (stdout may be the
+    JSON); for an incomplete bench, what is missing and where the partial results are."""
+    err = render.stderr_console()
     if sys.stdout.isatty() and str(json_path) != "-":
         out = Console(highlight=False)
     else:
         out = err if err.is_terminal else Console(stderr=True, highlight=False, width=140)
-    with RichBenchProgress(err) if err.is_terminal else _Quiet() as progress:
-        report = bench.run_bench(request, progress)
-    if json_path is not None:
-        bench.write_json(report, json_path)
-    if markdown_path is not None:
-        markdown_path.write_text(markdown(report), encoding="utf-8")
     print_report(out, report)
     if not report.complete:
         written = [str(p) for p in (json_path, markdown_path) if p is not None and str(p) != "-"]
@@ -58,7 +50,6 @@ def run_and_report(
             f"{report.missing_summary()}{where}",
             soft_wrap=True,
         )
-    return report.exit_code
 
 
 class RichBenchProgress:
@@ -115,16 +106,16 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
-def _speedup(row: bench.Row) -> str:
+def _speedup(row: bench_report.Row) -> str:
     return "–" if row.speedup is None else f"{row.speedup.value:.2f}×"
 
 
-def _interval(row: bench.Row) -> str:
+def _interval(row: bench_report.Row) -> str:
     s = row.speedup
     return "–" if s is None else f"{s.low:.2f}–{s.high:.2f}"
 
 
-def _output(row: bench.Row) -> str:
+def _output(row: bench_report.Row) -> str:
     check = row.check
     if check is None:
         return "–"
@@ -138,20 +129,20 @@ def _output(row: bench.Row) -> str:
     return mark
 
 
-def _identical(row: bench.Row) -> str:
+def _identical(row: bench_report.Row) -> str:
     if not row.compared_prompts:
         return "–"
     return f"{row.identical_prompts}/{row.compared_prompts}"
 
 
-def _split(agg: bench.Aggregate) -> str:
+def _split(agg: bench_report.Aggregate) -> str:
     split = agg.time_split()
     if split is None:
         return "–"
     return f"{_pct(split['draft'])}/{_pct(split['verify'])}/{_pct(split['other'])}"
 
 
-def _styled_speedup(row: bench.Row) -> Text:
+def _styled_speedup(row: bench_report.Row) -> Text:
     if row.speedup is None:
         return Text("–")
     colour = "green" if row.speedup.low > 1 else "red" if row.speedup.high < 1 else "yellow"
@@ -161,7 +152,7 @@ def _styled_speedup(row: bench.Row) -> Text:
 # --- terminal ------------------------------------------------------------------------------
 
 
-def print_report(console: Console, report: bench.BenchReport) -> None:
+def print_report(console: Console, report: bench_report.BenchReport) -> None:
     sweep = len(report.configurations) > 1
     if report.runs:
         console.print(prompt_table(report, sweep))
@@ -171,7 +162,7 @@ def print_report(console: Console, report: bench.BenchReport) -> None:
         console.print(line, soft_wrap=True)
 
 
-def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
+def prompt_table(report: bench_report.BenchReport, sweep: bool) -> Table:
     table = _table("Per prompt (tok/s and time to first token: medians over repeats)")
     _add_columns(
         table,
@@ -209,8 +200,8 @@ def prompt_table(report: bench.BenchReport, sweep: bool) -> Table:
     return table
 
 
-def category_table(report: bench.BenchReport, sweep: bool) -> Table:
-    best = bench.BenchReport.best(report.category_rows()) if sweep else {}
+def category_table(report: bench_report.BenchReport, sweep: bool) -> Table:
+    best = bench_report.BenchReport.best(report.category_rows()) if sweep else {}
     table = _table("Per category (speedup: geometric mean of the per-prompt medians)")
     _add_columns(
         table,
@@ -246,8 +237,8 @@ def category_table(report: bench.BenchReport, sweep: bool) -> Table:
     return table
 
 
-def _has_oracle(report: bench.BenchReport) -> bool:
-    return any(c.label == bench.ORACLE for c in report.configurations)
+def _has_oracle(report: bench_report.BenchReport) -> bool:
+    return any(c.label == bench_configs.ORACLE for c in report.configurations)
 
 
 _LEFT = ("prompt", "category", "config", "output")
@@ -266,17 +257,17 @@ def _table(title: str) -> Table:
     return Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
 
 
-def _tps(row: bench.Row) -> str:
+def _tps(row: bench_report.Row) -> str:
     return f"{_num(row.alone.tokens_per_second)} → {_num(row.speculative.tokens_per_second)}"
 
 
-def _speedup_cell(row: bench.Row) -> Text:
+def _speedup_cell(row: bench_report.Row) -> Text:
     if row.speedup is None:
         return Text("–")
     return Text.assemble(_styled_speedup(row), (f" ({_interval(row)})", "dim"))
 
 
-def bar_chart(report: bench.BenchReport) -> Text:
+def bar_chart(report: bench_report.BenchReport) -> Text:
     """Speedup per category (and configuration) as bars; the │ marks 1.0×."""
     rows = report.category_rows() + report.suite_rows()
     measured = [(r, r.speedup.value) for r in rows if r.speedup is not None]
@@ -301,11 +292,11 @@ def bar_chart(report: bench.BenchReport) -> Text:
     return text
 
 
-def _bar_label(row: bench.Row, sweep: bool) -> str:
+def _bar_label(row: bench_report.Row, sweep: bool) -> str:
     return f"{row.name} · {row.configuration}" if sweep else row.name
 
 
-def summary_lines(report: bench.BenchReport) -> list[str]:
+def summary_lines(report: bench_report.BenchReport) -> list[str]:
     lines = []
     suite = report.suite_rows()
     for row in suite:
@@ -328,8 +319,8 @@ def summary_lines(report: bench.BenchReport) -> list[str]:
     if report.costs_fast is not None:  # exact mode: the same probe with llama.cpp's kernels
         lines.append("llama.cpp's kernels: " + render.costs_summary(report.costs_fast))
     if len(suite) > 1:
-        best_all = bench.BenchReport.best(suite).get("suite")
-        per_category = bench.BenchReport.best(report.category_rows())
+        best_all = bench_report.BenchReport.best(suite).get("suite")
+        per_category = bench_report.BenchReport.best(report.category_rows())
         lines.append(
             f"best overall: {best_all}; per category: "
             + ", ".join(f"{cat} {label}" for cat, label in per_category.items())
@@ -340,7 +331,7 @@ def summary_lines(report: bench.BenchReport) -> list[str]:
 # --- Markdown ------------------------------------------------------------------------------
 
 
-def markdown(report: bench.BenchReport) -> str:
+def markdown(report: bench_report.BenchReport) -> str:
     """The whole report as Markdown: settings, machine, models, tables, what is missing."""
     settings, machine = report.settings, report.machine
     lines = ["# specdec bench", ""]
@@ -444,7 +435,7 @@ def markdown(report: bench.BenchReport) -> str:
         ],
     )
     lines += ["", "## Method", ""]
-    lines += [f"- **{key}**: {value}" for key, value in bench.METHOD.items()]
+    lines += [f"- **{key}**: {value}" for key, value in bench_report.METHOD.items()]
     lines += ["", f"Started {report.started_at}, finished {report.finished_at}.", ""]
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import bench
+from specdec_cli import bench, bench_configs, bench_prompts, bench_report
 from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.engine import FinishReason, GenerationStats, SamplingRule
 from specdec_cli.errors import BadUsageError, ContextOverflowError
@@ -51,8 +51,8 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_builtin_suite_covers_the_categories():
-    prompts = bench.load_prompts()
-    by_category: dict[str, list[bench.BenchPrompt]] = {}
+    prompts = bench_prompts.load_prompts()
+    by_category: dict[str, list[bench_prompts.BenchPrompt]] = {}
     for p in prompts:
         by_category.setdefault(p.category, []).append(p)
     assert len(prompts) >= 16
@@ -65,7 +65,7 @@ def test_builtin_suite_covers_the_categories():
 
 
 def test_builtin_suite_has_long_edits_with_their_predictions():
-    predicted = [p for p in bench.load_prompts() if p.prediction is not None]
+    predicted = [p for p in bench_prompts.load_prompts() if p.prediction is not None]
     edits = [p for p in predicted if p.category == "editing"]
     assert len(edits) >= 4 and len([p for p in predicted if p.category == "structured"]) >= 2
     for p in edits:
@@ -75,16 +75,17 @@ def test_builtin_suite_has_long_edits_with_their_predictions():
 
 
 def test_yaml_and_jsonl_prompt_files(tmp_path):
-    from_yaml = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
+    from_yaml = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
     assert [p.id for p in from_yaml] == ["greet", "chat", "short"]
     assert from_yaml[1].messages[0] == {"role": "system", "content": "you write code"}
-    assert from_yaml[2].max_tokens == bench.DEFAULT_MAX_TOKENS
+    assert from_yaml[2].max_tokens == bench_prompts.DEFAULT_MAX_TOKENS
     lines = [
         {"id": "j1", "category": "qa", "text": "why", "max_tokens": 5},
         {"id": "j2", "category": "qa", "messages": [{"role": "user", "content": "hi"}]},
     ]
     jsonl = write(tmp_path, "p.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n\n")
-    assert [(p.id, p.max_tokens) for p in bench.load_prompts(jsonl)] == [("j1", 5), ("j2", 128)]
+    loaded = bench_prompts.load_prompts(jsonl)
+    assert [(p.id, p.max_tokens) for p in loaded] == [("j1", 5), ("j2", 128)]
 
 
 @pytest.mark.parametrize(
@@ -108,53 +109,53 @@ def test_yaml_and_jsonl_prompt_files(tmp_path):
 def test_malformed_prompt_file_is_a_clear_error(tmp_path, name, text, complaint):
     path = write(tmp_path, name, text)
     with pytest.raises(BadUsageError) as caught:
-        bench.load_prompts(path)
+        bench_prompts.load_prompts(path)
     assert complaint in str(caught.value)
     assert str(path) in str(caught.value)
 
 
 def test_missing_prompt_file(tmp_path):
     with pytest.raises(BadUsageError, match="cannot read"):
-        bench.load_prompts(tmp_path / "nope.yaml")
+        bench_prompts.load_prompts(tmp_path / "nope.yaml")
 
 
 def test_category_filter_and_per_category():
-    prompts = bench.load_prompts()
-    code = bench.select_prompts(prompts, ["code"])
+    prompts = bench_prompts.load_prompts()
+    code = bench_prompts.select_prompts(prompts, ["code"])
     assert code and {p.category for p in code} == {"code"}
-    two = bench.select_prompts(prompts, ["code,qa"], per_category=1)
+    two = bench_prompts.select_prompts(prompts, ["code,qa"], per_category=1)
     assert [p.category for p in two] == ["code", "qa"]
     with pytest.raises(BadUsageError, match="poetry"):
-        bench.select_prompts(prompts, ["poetry"])
+        bench_prompts.select_prompts(prompts, ["poetry"])
 
 
 def test_draft_max_list_and_configurations():
-    assert bench.parse_int_list("2,4,8", "--draft-max") == [2, 4, 8]
+    assert bench_configs.parse_int_list("2,4,8", "--draft-max") == [2, 4, 8]
     for bad in ("", "a", "2,,x", "0,2"):
         with pytest.raises(BadUsageError, match="--draft-max"):
-            bench.parse_int_list(bad, "--draft-max")
+            bench_configs.parse_int_list(bad, "--draft-max")
     with pytest.raises(BadUsageError, match="longest draft, 63"):
-        bench.parse_int_list("8,64", "--draft-max", largest=63)
-    configs = bench.configurations([4, 2, 4], ["model"])
+        bench_configs.parse_int_list("8,64", "--draft-max", largest=63)
+    configs = bench_configs.configurations([4, 2, 4], ["model"])
     assert [(c.label, c.draft_max) for c in configs] == [("model k=4", 4), ("model k=2", 2)]
     with pytest.raises(BadUsageError, match="unknown drafter"):
-        bench.configurations([4], modes=["telepathy"])
+        bench_configs.configurations([4], modes=["telepathy"])
 
 
 # --- statistics -----------------------------------------------------------------------------
 
 
 def test_speedup_estimate():
-    assert bench.speedup_estimate([]) is None
-    constant = bench.speedup_estimate([[2.0, 2.0, 2.0], [0.5, 0.5]])
+    assert bench_report.speedup_estimate([]) is None
+    constant = bench_report.speedup_estimate([[2.0, 2.0, 2.0], [0.5, 0.5]])
     assert constant.value == pytest.approx(1.0)
     assert constant.low == pytest.approx(1.0) and constant.high == pytest.approx(1.0)
     groups = [[1.1, 1.5, 1.3], [2.0, 1.8, 2.4], [0.9, 1.0, 1.2]]
-    estimate = bench.speedup_estimate(groups)
-    expected = bench.geometric_mean([1.3, 2.0, 1.0])
+    estimate = bench_report.speedup_estimate(groups)
+    expected = bench_report.geometric_mean([1.3, 2.0, 1.0])
     assert estimate.value == pytest.approx(expected)
     assert estimate.low <= estimate.value <= estimate.high
-    assert bench.speedup_estimate(groups) == estimate  # a fixed seed: the same interval
+    assert bench_report.speedup_estimate(groups) == estimate  # a fixed seed: the same interval
 
 
 def test_sha256_is_cached(tmp_path, monkeypatch):
@@ -204,7 +205,7 @@ def app():
 
 def test_report_is_complete_and_honours_the_prompts_file(sweep, tiny_models):
     report, _, _ = sweep
-    assert report["schema"] == bench.SCHEMA
+    assert report["schema"] == bench_report.SCHEMA
     assert report["complete"] is True and report["missing"] == [] and report["stopped_by"] is None
     assert report["settings"]["prompt_ids"] == ["greet", "chat", "short"]
     assert report["settings"]["repeats"] == 2
@@ -270,7 +271,7 @@ def test_identical_flag_matches_the_texts(sweep):
     runs = {(r["prompt"], r["side"], r["repeat"]): r for r in report["runs"]}
     for row in report["prompts"]:
         output = row["output"]
-        alone = runs[(row["name"], bench.TARGET_ALONE, 0)]
+        alone = runs[(row["name"], bench_configs.TARGET_ALONE, 0)]
         spec = runs[(row["name"], row["configuration"], 0)]
         assert output["identical"] == (alone["text"] == spec["text"])
         assert output["identical"] == (output["first_difference"] is None)
@@ -321,12 +322,12 @@ class InterruptAfter:
 
 
 def test_interrupt_keeps_the_finished_runs(tiny_models, tmp_path):
-    prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
+    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
     request = bench.BenchRequest(
         target=Path(tiny_models.target),
         draft=Path(tiny_models.close_drafter),
         prompts=prompts,
-        configurations=bench.configurations([3]),
+        configurations=bench_configs.configurations([3]),
         repeats=2,
         warmup_tokens=0,
         hardware=HardwareOptions(ctx_size=512),
@@ -342,12 +343,12 @@ def test_interrupt_keeps_the_finished_runs(tiny_models, tmp_path):
 
 
 def test_sampled_runs_with_the_classic_rule_have_no_output_check(tiny_models, tmp_path):
-    prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:1]
+    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:1]
     request = bench.BenchRequest(
         target=Path(tiny_models.target),
         draft=Path(tiny_models.close_drafter),
         prompts=prompts,
-        configurations=bench.configurations([4]),
+        configurations=bench_configs.configurations([4]),
         repeats=1,
         warmup_tokens=0,
         sampling=SamplingSettings(temperature=0.8),
@@ -362,13 +363,13 @@ def test_sampled_runs_with_the_classic_rule_have_no_output_check(tiny_models, tm
 
 
 def test_prompt_that_never_fits_is_an_error_before_measuring(tiny_models, tmp_path):
-    prompts = bench.load_prompts(write(tmp_path, "p.yaml", (
+    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", (
         f"- {{id: huge, category: qa, text: '{'the ' * 400}'}}\n")))
     request = bench.BenchRequest(
         target=Path(tiny_models.target),
         draft=Path(tiny_models.close_drafter),
         prompts=prompts,
-        configurations=bench.configurations([4]),
+        configurations=bench_configs.configurations([4]),
         hardware=HardwareOptions(ctx_size=256),
     )
     report = bench.run_bench(request)  # the warm-up tokenises the first prompt
@@ -413,22 +414,23 @@ def test_an_exact_bench_shows_the_decode_costs_of_both_kernels(tiny_models, tmp_
 
 
 def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny_models, tmp_path):
-    prompts = bench.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:2]
+    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:2]
     request = bench.BenchRequest(
         target=Path(tiny_models.target),
         draft=Path(tiny_models.close_drafter),
         prompts=prompts,
-        configurations=bench.configurations([4], ["fixed", "combined"], exact=True),
+        configurations=bench_configs.configurations([4], ["fixed", "combined"], exact=True),
         repeats=2,
         warmup_tokens=0,
         sampling=SamplingSettings(temperature=0.8),
         hardware=HardwareOptions(ctx_size=512),
     )
     record = bench.run_bench(request).as_dict()
-    checked = [row for row in record["prompts"] if row["configuration"] != bench.EXACT_ALONE]
+    exact_alone = bench_configs.EXACT_ALONE
+    checked = [row for row in record["prompts"] if row["configuration"] != exact_alone]
     assert len(checked) == 2 * 2
     for row in checked:
-        assert row["output"]["reference"] == bench.EXACT_ALONE
+        assert row["output"]["reference"] == bench_configs.EXACT_ALONE
         assert row["output"]["identical_repeats"] == row["output"]["repeats_compared"] == 2
 
 
@@ -441,14 +443,14 @@ def test_exact_bench_measures_the_cost_of_exactness_and_checks_against_it(tiny_m
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     labels = [c["label"] for c in report["settings"]["configurations"]]
-    assert labels == [bench.EXACT_ALONE, "fixed k=8", f"combined k={ADAPTIVE_DRAFT_LIMIT}"]
+    assert labels == [bench_configs.EXACT_ALONE, "fixed k=8", f"combined k={ADAPTIVE_DRAFT_LIMIT}"]
     assert report["settings"]["hardware"]["exact"] is True
     rows = {row["configuration"]: row for row in report["summary"]["configurations"]}
-    assert rows[bench.EXACT_ALONE]["speculative"]["drafted"] == 0
-    assert rows[bench.EXACT_ALONE]["speedup"]["median"] > 0  # the cost of exactness
+    assert rows[bench_configs.EXACT_ALONE]["speculative"]["drafted"] == 0
+    assert rows[bench_configs.EXACT_ALONE]["speedup"]["median"] > 0  # the cost of exactness
     for row in report["prompts"]:
-        if row["configuration"] != bench.EXACT_ALONE:
-            assert row["output"]["reference"] == bench.EXACT_ALONE
+        if row["configuration"] != bench_configs.EXACT_ALONE:
+            assert row["output"]["reference"] == bench_configs.EXACT_ALONE
             assert row["output"]["identical_repeats"] == row["output"]["repeats_compared"]
 
 
@@ -463,53 +465,54 @@ def test_the_oracle_drafts_the_target_alones_answer_and_others_are_measured_agai
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {row["configuration"]: row for row in report["summary"]["configurations"]}
-    oracle = rows[bench.ORACLE]["speculative"]
+    oracle = rows[bench_configs.ORACLE]["speculative"]
     assert oracle["drafted"] > 0 and oracle["accepted"] == oracle["drafted"]
     assert oracle["tokens_per_pass"] > 2
-    assert rows[bench.ORACLE]["efficiency"] == 1.0
+    assert rows[bench_configs.ORACLE]["efficiency"] == 1.0
     ngram = rows[f"ngram k={ADAPTIVE_DRAFT_LIMIT}"]
     assert ngram["efficiency"] == pytest.approx(
-        ngram["speedup"]["median"] / rows[bench.ORACLE]["speedup"]["median"], rel=1e-3
+        ngram["speedup"]["median"] / rows[bench_configs.ORACLE]["speedup"]["median"], rel=1e-3
     )
     # instruments never win
     assert report["summary"]["best_configuration"] == f"ngram k={ADAPTIVE_DRAFT_LIMIT}"
 
 
 def test_prediction_modes_use_the_prompts_prediction(tiny_models, tmp_path):
-    prompts = bench.load_prompts(write(tmp_path, "p.yaml", (
+    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", (
         "- {id: copy, category: editing, max_tokens: 24, text: 'the cat sat',"
         " prediction: 'the cat sat on the mat and the dog sat on the log'}\n")))
     assert prompts[0].prediction
-    configurations = bench.configurations(None, ["ngram", "ngram+prediction"])
+    configurations = bench_configs.configurations(None, ["ngram", "ngram+prediction"])
     assert [c.prediction for c in configurations] == [False, True]
     base = bench.GenerationSettings(prediction=(1, 2, 3))
     assert configurations[0].settings(base).prediction == ()
     assert configurations[1].settings(base).prediction == (1, 2, 3)
     with pytest.raises(BadUsageError, match="fixed\\+prediction"):
-        bench.configurations(None, ["fixed+prediction"])
+        bench_configs.configurations(None, ["fixed+prediction"])
 
 
 def test_the_target_alone_makes_one_token_per_pass_when_its_answer_ends_at_eos():
     # 9 tokens of text and the end-of-generation token: 10 passes, each deciding one token
     stats = GenerationStats(generated=9, target_passes=10, end_tokens=1, seconds=1.0)
-    record = bench.RunRecord("p", "qa", bench.TARGET_ALONE, 0, 0, [], "", FinishReason.STOP, stats)
-    assert bench.Aggregate.of([record]).tokens_per_pass == 1.0
+    alone = bench_configs.TARGET_ALONE
+    record = bench_report.RunRecord("p", "qa", alone, 0, 0, [], "", FinishReason.STOP, stats)
+    assert bench_report.Aggregate.of([record]).tokens_per_pass == 1.0
 
 
 def test_history_modes_parse_and_only_adaptive_modes_take_them():
-    assert bench.split_mode("combined+history") == ("combined", False, True)
-    assert bench.split_mode("ngram+prediction+history") == ("ngram", True, True)
-    assert bench.split_mode("ngram+history+prediction") == ("ngram", True, True)
-    assert [c.history for c in bench.configurations(None, ["ngram", "ngram+history"])] == [
+    assert bench_configs.split_mode("combined+history") == ("combined", False, True)
+    assert bench_configs.split_mode("ngram+prediction+history") == ("ngram", True, True)
+    assert bench_configs.split_mode("ngram+history+prediction") == ("ngram", True, True)
+    assert [c.history for c in bench_configs.configurations(None, ["ngram", "ngram+history"])] == [
         False,
         True,
     ]
     with pytest.raises(BadUsageError, match="fixed\\+history"):
-        bench.configurations(None, ["fixed+history"])
+        bench_configs.configurations(None, ["fixed+history"])
 
 
 def test_the_built_in_sessions_repeat_across_requests():
-    prompts = bench.load_prompts(Path("sessions"))
+    prompts = bench_prompts.load_prompts(Path("sessions"))
     sessions: dict[str, list[str]] = {}
     for prompt in prompts:
         assert prompt.session is not None
@@ -541,7 +544,7 @@ def test_a_history_mode_drafts_from_the_sessions_earlier_answers(tiny_models, tm
     assert used == {"r1": 0, "r2": used["r2"], "r3": used["r3"], "r4": 0}
     assert used["r2"] + used["r3"] > 0  # (how many depends on the probed costs)
     for p in runs_of(runs):
-        assert runs[(p, history)]["text"] == runs[(p, bench.TARGET_ALONE)]["text"]
+        assert runs[(p, history)]["text"] == runs[(p, bench_configs.TARGET_ALONE)]["text"]
 
 
 def runs_of(runs: dict) -> list[str]:

@@ -19,7 +19,7 @@ from test_invariance import (
 from typer.testing import CliRunner
 
 from specdec_cli.backend import logits_for_suffix
-from specdec_cli.bench import load_prompts
+from specdec_cli.bench_prompts import load_prompts
 from specdec_cli.cli import app
 from specdec_cli.drafters import ModelDrafter
 from specdec_cli.engine import Finished, Generation, GenerationSettings

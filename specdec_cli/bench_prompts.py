@@ -1,0 +1,202 @@
+"""Bench prompt files: the built-in suite, YAML or JSONL of the user's, sessions, selection."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .backend import Backend, encode_chat
+from .errors import BadUsageError
+from .prompting import prompt_tokens
+
+DEFAULT_MAX_TOKENS = 128
+BUILTIN_SUITE = Path(__file__).parent / "prompts" / "suite.yaml"
+# Built-in prompt files by name (--prompts sessions): workloads that repeat across requests.
+BUILTIN_PROMPTS = {"suite": BUILTIN_SUITE, "sessions": BUILTIN_SUITE.with_name("sessions.yaml")}
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    text: str | None = None  # a user message (through the chat template unless --raw)
+    messages: tuple[dict[str, str], ...] = ()
+    system: str | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    prediction: str | None = None  # text the answer is expected to mostly repeat
+    # Requests of one session run in file order and share history: a "+history" mode drafts
+    # from the session's earlier prompts and answers (shell loops, agents, editors).
+    session: str | None = None
+
+    def tokens(self, target: Backend, *, raw: bool, system: str | None) -> list[int]:
+        if not self.messages:
+            return prompt_tokens(target, self.text or "", system=self.system or system, raw=raw)
+        if raw:  # no template: the contents as plain text
+            text = "\n\n".join(m["content"] for m in self.messages)
+            return target.tokenize(text, add_special=True)
+        return encode_chat(target, [dict(m) for m in self.messages])
+
+
+_PROMPT_FIELDS = {
+    "id",
+    "category",
+    "text",
+    "messages",
+    "system",
+    "max_tokens",
+    "prediction",
+    "session",
+}
+
+
+_FORMAT_FIX = (
+    "Each prompt needs id, category, and text or messages (a list of {role, content}); "
+    "max_tokens, system, prediction and session are optional. See specdec_cli/prompts/."
+)
+
+
+def load_prompts(path: Path | None = None) -> list[BenchPrompt]:
+    """The built-in suite, or a YAML (list, or {prompts: list}) or JSONL file of prompts, or
+    a built-in file by name (BUILTIN_PROMPTS) where no such file exists."""
+    source = path or BUILTIN_SUITE
+    if not source.exists() and str(source) in BUILTIN_PROMPTS:
+        source = BUILTIN_PROMPTS[str(source)]
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BadUsageError(
+            f"cannot read the prompts file {source}: {exc.strerror or exc}.", "Check the path."
+        ) from None
+    items = _parse_jsonl(text, source) if _is_jsonl(source, text) else _parse_yaml(text, source)
+    prompts = [_parse_prompt(item, source, i) for i, item in enumerate(items, 1)]
+    if not prompts:
+        raise BadUsageError(f"{source} holds no prompts.", _FORMAT_FIX)
+    seen: set[str] = set()
+    for prompt in prompts:
+        if prompt.id in seen:
+            raise BadUsageError(
+                f"{source}: the prompt id '{prompt.id}' is used twice.",
+                "Give every prompt its own id.",
+            )
+        seen.add(prompt.id)
+    return prompts
+
+
+def _is_jsonl(path: Path, text: str) -> bool:
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        return True
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return False
+    return text.lstrip().startswith("{")
+
+
+def _parse_jsonl(text: str, path: Path) -> list[Any]:
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise BadUsageError(
+                f"{path}, line {number}: not valid JSON ({exc.msg}).",
+                "Write one JSON object per line. " + _FORMAT_FIX,
+            ) from None
+    return items
+
+
+def _parse_yaml(text: str, path: Path) -> list[Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f", line {where.line + 1}" if where is not None else ""
+        raise BadUsageError(f"{path}{line}: not valid YAML.", _FORMAT_FIX) from None
+    if isinstance(data, dict) and "prompts" in data:
+        data = data["prompts"]
+    if not isinstance(data, list):
+        raise BadUsageError(
+            f"{path}: expected a list of prompts (or a mapping with a 'prompts' list).",
+            _FORMAT_FIX,
+        )
+    return data
+
+
+def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
+    where = f"{path}: prompt {index}"
+    if not isinstance(item, dict):
+        raise BadUsageError(f"{where} is not a mapping.", _FORMAT_FIX)
+    if isinstance(item.get("id"), str) and item["id"].strip():
+        where += f" ('{item['id']}')"
+
+    def fail(problem: str) -> BadUsageError:
+        return BadUsageError(f"{where}: {problem}.", _FORMAT_FIX)
+
+    unknown = sorted(set(item) - _PROMPT_FIELDS)
+    if unknown:
+        raise fail(f"unknown field(s) {', '.join(map(str, unknown))}")
+    for key in ("id", "category"):
+        if not isinstance(item.get(key), str) or not item[key].strip():
+            raise fail(f"'{key}' must be a non-empty string")
+    if ("text" in item) == ("messages" in item):
+        raise fail("give exactly one of 'text' and 'messages'")
+    if "text" in item and (not isinstance(item["text"], str) or not item["text"].strip()):
+        raise fail("'text' must be a non-empty string")
+    messages = item.get("messages", [])
+    if not isinstance(messages, list) or ("messages" in item and not messages):
+        raise fail("'messages' must be a non-empty list")
+    for message in messages:
+        if (
+            not isinstance(message, dict)
+            or set(message) != {"role", "content"}
+            or not all(isinstance(v, str) for v in message.values())
+        ):
+            raise fail("each message must be {role: string, content: string}")
+    for key in ("system", "prediction", "session"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise fail(f"'{key}' must be a string")
+    max_tokens = item.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise fail(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
+    return BenchPrompt(
+        id=item["id"].strip(),
+        category=item["category"].strip(),
+        text=item.get("text"),
+        messages=tuple(dict(m) for m in messages),
+        system=item.get("system"),
+        max_tokens=max_tokens,
+        prediction=item.get("prediction"),
+        session=item.get("session"),
+    )
+
+
+def select_prompts(
+    prompts: Sequence[BenchPrompt],
+    categories: Iterable[str] = (),
+    per_category: int | None = None,
+) -> list[BenchPrompt]:
+    """Keep the named categories (all if none), then the first `per_category` of each."""
+    wanted = [c.strip() for item in categories for c in item.split(",") if c.strip()]
+    known = list(dict.fromkeys(p.category for p in prompts))
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        raise BadUsageError(
+            f"no prompts in the category {', '.join(unknown)}.",
+            f"Categories here: {', '.join(known)}.",
+        )
+    chosen = [p for p in prompts if not wanted or p.category in wanted]
+    if per_category is not None:
+        counts: Counter = Counter()
+        kept = []
+        for prompt in chosen:
+            counts[prompt.category] += 1
+            if counts[prompt.category] <= per_category:
+                kept.append(prompt)
+        chosen = kept
+    return chosen
