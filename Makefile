@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-pyth
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
 	$(PY) -m pip install --quiet -e ".[test]"
-	$(PY) -c "from specdec_cli import llama_backend as b; assert b.has_invariant_kernels(), 'llama.cpp built without specdec patches'; print('llama-cpp-python', b.library_version(), 'ready, batch-invariant kernels: yes')"
+	$(PY) -c "from specdec_cli.models import llama_backend as b; assert b.has_invariant_kernels(), 'llama.cpp built without specdec patches'; print('llama-cpp-python', b.library_version(), 'ready, batch-invariant kernels: yes')"
 	touch $(STAMP)
 
 # The main job on the default pair, installing first whatever is missing. The prompt travels

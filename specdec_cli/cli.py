@@ -12,13 +12,14 @@ from typing import Annotated
 
 import typer
 
-from . import render, rpc
-from .adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
-from .engine import SamplingRule
+from . import render
+from .commands.request import DecodeRequest, HardwareOptions
+from .decoding.adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
+from .decoding.engine import SamplingRule
+from .decoding.history import DEFAULT_HISTORY_TOKENS
+from .decoding.sampling import SamplingSettings
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
-from .history import DEFAULT_HISTORY_TOKENS
-from .request import DecodeRequest, HardwareOptions
-from .sampling import SamplingSettings
+from .models import rpc
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -212,7 +213,7 @@ def read_prompt(argument: str | None, stdin_taken: bool = False) -> str:
 
 
 def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
-    from .prompting import read_prediction
+    from .commands.prompting import read_prediction
 
     if predict is None:
         return None
@@ -255,8 +256,9 @@ def resolve_models(
 
     No --target means the default target; no --draft means the smallest compatible drafter
     in the registry, when the drafting mode needs a draft model at all."""
-    from . import fetch, render_fetch
-    from .adaptive import NEEDS_DRAFT_MODEL
+    from . import render_fetch
+    from .decoding.adaptive import NEEDS_DRAFT_MODEL
+    from .models import fetch
 
     progress = render_fetch.RichFetchProgress()
     resolve = partial(fetch.resolve_model, models_file=models, offline=offline, progress=progress)
@@ -276,7 +278,8 @@ def resolve_extra_drafts(
     names: list[str], *, models: Path | None, offline: bool
 ) -> dict[str, Path]:
     """More drafters for bench to compare, by label."""
-    from . import fetch, render_fetch
+    from . import render_fetch
+    from .models import fetch
 
     progress = render_fetch.RichFetchProgress()
     return {
@@ -423,7 +426,7 @@ def run(
     verbose: VerboseOpt = False,
 ) -> None:
     """Answer one prompt; only the answer goes to stdout."""
-    from .runner import RunRequest, run_once
+    from .commands.runner import RunRequest, run_once
 
     shared = SharedOptions(
         system=system,
@@ -478,7 +481,8 @@ def pull(
     threads: ThreadsOpt = None,
 ) -> None:
     """Download and verify models; prints NAME<TAB>PATH per model."""
-    from . import fetch, render_fetch
+    from . import render_fetch
+    from .models import fetch
 
     with user_errors():
         progress = render_fetch.RichFetchProgress()
@@ -489,8 +493,9 @@ def pull(
 
 
 def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) -> None:
-    from . import fetch, render_fetch
-    from .tune import optimise_drafter
+    from . import render_fetch
+    from .models import fetch
+    from .models.tune import optimise_drafter
 
     drafters = [m for m in pulled if m.entry is not None and m.entry.role == "drafter"]
     if not drafters:
@@ -514,8 +519,9 @@ def list_models(
     paths: Annotated[bool, typer.Option("--paths", help="Show where each file is.")] = False,
 ) -> None:
     """List the registry: what is downloaded where, and which drafter fits which target."""
-    from . import fetch, render_fetch
-    from .registry import load_registry
+    from . import render_fetch
+    from .models import fetch
+    from .models.registry import load_registry
 
     with user_errors():
         statuses = fetch.model_statuses(load_registry(models))
@@ -541,7 +547,7 @@ def show_history(
     ] = False,
 ) -> None:
     """Show what a --history folder holds (or clear it)."""
-    from . import history
+    from .decoding import history
 
     with user_errors():
         if folder is None:
@@ -591,7 +597,7 @@ def chat(
 
     With stdin not a terminal, each line is one message and the replies print plain.
     """
-    from .chat_loop import ChatRequest, run_chat
+    from .commands.chat_loop import ChatRequest, run_chat
 
     shared = SharedOptions(
         system=system,
@@ -696,8 +702,8 @@ def serve(
 
     The sampling options are defaults for requests that do not set their own.
     """
-    from .server import ServeOptions, ServeRequest
-    from .server import serve as run_server
+    from .serve.server import ServeOptions, ServeRequest
+    from .serve.server import serve as run_server
 
     shared = SharedOptions(
         system=system,
@@ -801,9 +807,9 @@ def bench(
     verbose: VerboseOpt = False,
 ) -> None:
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
-    from . import bench as bench_lib
-    from . import bench_configs, bench_prompts, bench_report, render_bench
-    from .adaptive import NEEDS_DRAFT_MODEL
+    from .bench import bench as bench_lib
+    from .bench import bench_configs, bench_prompts, bench_report, render_bench
+    from .decoding.adaptive import NEEDS_DRAFT_MODEL
 
     with user_errors():
         hardware = hardware_options(
@@ -890,7 +896,7 @@ def worker(
     Clients pass --rpc HOST:PORT. One client at a time; Ctrl-C stops the worker."""
     import signal
 
-    from . import llama_backend
+    from .models import llama_backend
 
     with user_errors():
         rpc.check_listen_address(host, port)

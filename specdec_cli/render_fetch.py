@@ -19,7 +19,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .fetch import ModelStatus, ResolvedModel
+from .models.fetch import ModelStatus, ResolvedModel
 
 
 class RichFetchProgress:

@@ -16,7 +16,7 @@ from fakes import (
     table_cost,
 )
 
-from specdec_cli.adaptive import (
+from specdec_cli.decoding.adaptive import (
     NGRAM_FIRST_PRIORS,
     NGRAM_NEXT_PRIORS,
     AcceptanceModel,
@@ -30,9 +30,9 @@ from specdec_cli.adaptive import (
     measure_costs,
     probe_problems,
 )
-from specdec_cli.drafters import Draft, ModelDrafter, NgramDrafter, NgramMatch
-from specdec_cli.engine import Generation, GenerationSettings, Round
-from specdec_cli.sampling import Distribution, GumbelChooser, SamplingSettings
+from specdec_cli.decoding.drafters import Draft, ModelDrafter, NgramDrafter, NgramMatch
+from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
+from specdec_cli.decoding.sampling import Distribution, GumbelChooser, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
 N_VOCAB = 32

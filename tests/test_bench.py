@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import bench, bench_configs, bench_prompts, bench_report
-from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
-from specdec_cli.engine import FinishReason, GenerationStats, SamplingRule
+from specdec_cli.bench import bench, bench_configs, bench_prompts, bench_report
+from specdec_cli.commands.request import HardwareOptions
+from specdec_cli.decoding.adaptive import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.decoding.engine import FinishReason, GenerationStats, SamplingRule
+from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.errors import BadUsageError, ContextOverflowError
-from specdec_cli.fetch import cached_sha256
-from specdec_cli.request import HardwareOptions
-from specdec_cli.sampling import SamplingSettings
+from specdec_cli.models.fetch import cached_sha256
 
 runner = CliRunner()
 
@@ -167,7 +167,7 @@ def test_sha256_is_cached(tmp_path, monkeypatch):
     def no_rehash(path):
         raise AssertionError("hashed twice")
 
-    monkeypatch.setattr("specdec_cli.fetch.sha256_of", no_rehash)
+    monkeypatch.setattr("specdec_cli.models.fetch.sha256_of", no_rehash)
     assert cached_sha256(model, cache) == digest
 
 

@@ -7,20 +7,20 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import llama_backend
-from specdec_cli.backend import encode_chat, encode_template_text
-from specdec_cli.chat import (
+from specdec_cli.cli import app
+from specdec_cli.commands.chat import (
     ChatSession,
     Command,
     CommandError,
     parse_command,
     user_text,
 )
-from specdec_cli.cli import app
-from specdec_cli.engine import Finished, GenerationSettings, Piece
+from specdec_cli.commands.request import HardwareOptions
+from specdec_cli.decoding.backend import encode_chat, encode_template_text
+from specdec_cli.decoding.engine import Finished, GenerationSettings, Piece
 from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError
-from specdec_cli.loading import load_pair
-from specdec_cli.request import HardwareOptions
+from specdec_cli.models import llama_backend
+from specdec_cli.models.loading import load_pair
 
 FIRST = "hello there"
 SECOND = "how are you today"
@@ -258,7 +258,7 @@ def test_scripted_mode_runs_commands_and_reports_bad_ones(tiny_models, tmp_path)
 
 
 def test_predict_drafts_the_next_answer_only(tiny_models, tmp_path):
-    from specdec_cli.adaptive import CostModel, build_drafter
+    from specdec_cli.decoding.adaptive import CostModel, build_drafter
 
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
     costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)
@@ -284,8 +284,8 @@ def test_predict_with_a_missing_file_says_so(tiny_models, tmp_path):
 
 
 def test_after_a_reset_the_same_question_drafts_from_the_earlier_answer(tiny_models, tmp_path):
-    from specdec_cli.adaptive import CostModel, build_drafter
-    from specdec_cli.history import HistoryFile
+    from specdec_cli.decoding.adaptive import CostModel, build_drafter
+    from specdec_cli.decoding.history import HistoryFile
 
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
     costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)

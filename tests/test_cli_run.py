@@ -13,9 +13,9 @@ import pytest
 from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
-from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.cli import app
-from specdec_cli.llama_backend import EXACT_BATCH_ROWS
+from specdec_cli.decoding.adaptive import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.models.llama_backend import EXACT_BATCH_ROWS
 from specdec_cli.paths import cache_dir
 
 runner = CliRunner()

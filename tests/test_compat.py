@@ -6,9 +6,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from specdec_cli.backend import VocabInfo
-from specdec_cli.compat import check_compatible
+from specdec_cli.decoding.backend import VocabInfo
 from specdec_cli.errors import IncompatibleModelsError
+from specdec_cli.models.compat import check_compatible
 
 BASE = VocabInfo(vocab_type=2, n_vocab=40, bos=1, eos=2, add_bos=False, add_eos=False)
 

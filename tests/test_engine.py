@@ -19,10 +19,10 @@ from fakes import (
 )
 from surface import protocol_members, surface_differences
 
-from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
-from specdec_cli.backend import Backend, Decoder, common_prefix_length
-from specdec_cli.drafters import Drafter, NgramDrafter
-from specdec_cli.engine import (
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
+from specdec_cli.decoding.backend import Backend, Decoder, common_prefix_length
+from specdec_cli.decoding.drafters import Drafter, NgramDrafter
+from specdec_cli.decoding.engine import (
     Finished,
     FinishReason,
     Generation,
@@ -33,7 +33,7 @@ from specdec_cli.engine import (
     SamplingRule,
     TokenKind,
 )
-from specdec_cli.sampling import SamplingSettings
+from specdec_cli.decoding.sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
 SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)

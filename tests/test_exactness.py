@@ -19,11 +19,11 @@ import pytest
 from fakes import FakeBackend, blended, negated, table_model
 from scipy import stats
 
-from specdec_cli import sampling as sampling_module
-from specdec_cli.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
-from specdec_cli.drafters import ModelDrafter, NgramDrafter
-from specdec_cli.engine import Finished, Generation, GenerationSettings, SamplingRule
-from specdec_cli.sampling import (
+from specdec_cli.decoding import sampling as sampling_module
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
+from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings, SamplingRule
+from specdec_cli.decoding.sampling import (
     AcceptanceRule,
     Distribution,
     SamplingSettings,

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.errors import ChecksumError, FetchError
-from specdec_cli.fetch import joined_path, resolve_model
-from specdec_cli.registry import load_registry
+from specdec_cli.models.fetch import joined_path, resolve_model
+from specdec_cli.models.registry import load_registry
 
 VERSION = "0.3.0"
 

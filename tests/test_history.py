@@ -10,11 +10,11 @@ import pytest
 from fakes import ScriptedClock, TimedBackend, sequence_model, table_cost
 from typer.testing import CliRunner
 
-from specdec_cli.adaptive import AdaptiveDrafter, CostModel, use_history
 from specdec_cli.cli import app
-from specdec_cli.drafters import NgramDrafter
-from specdec_cli.engine import Generation, GenerationSettings, Round
-from specdec_cli.history import KEY_TOKENS, HistoryFile, HistoryIndex, summarize
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel, use_history
+from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
+from specdec_cli.decoding.history import KEY_TOKENS, HistoryFile, HistoryIndex, summarize
 
 KEY = [1, 2, 3, 4]  # an ending four tokens long: the shortest a lookup keys on
 

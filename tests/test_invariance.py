@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import llama_backend
-from specdec_cli.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.build_flags import cpu_flags, rowwise_isa
 from specdec_cli.cli import app
+from specdec_cli.decoding.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.errors import ModelFileError
-from specdec_cli.llama_backend import LlamaBackend
+from specdec_cli.models import llama_backend
+from specdec_cli.models.llama_backend import LlamaBackend
 
 LARGEST_BATCH = ADAPTIVE_DRAFT_LIMIT + 1  # a full draft and the target's own token
 CONTEXT = "the cat sat on the mat and then it went away " * 3

@@ -7,15 +7,15 @@ import pytest
 from surface import surface_differences
 from tiny_gguf import BOS_ID, EOS_ID, byte_token_id, write_tiny_llama
 
-from specdec_cli.backend import Backend, logits_for_suffix
-from specdec_cli.compat import check_compatible
+from specdec_cli.decoding.backend import Backend, logits_for_suffix
 from specdec_cli.errors import (
     ContextOverflowError,
     DecodeError,
     IncompatibleModelsError,
     ModelFileError,
 )
-from specdec_cli.llama_backend import LlamaBackend, _chunk_bounds, decode_failure
+from specdec_cli.models.compat import check_compatible
+from specdec_cli.models.llama_backend import LlamaBackend, _chunk_bounds, decode_failure
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specdec_cli.drafters import NgramDrafter, NgramIndex
-from specdec_cli.sampling import GumbelChooser, SamplingSettings
+from specdec_cli.decoding.drafters import NgramDrafter, NgramIndex
+from specdec_cli.decoding.sampling import GumbelChooser, SamplingSettings
 
 A, B, W, X, Y, Z = 1, 2, 9, 10, 11, 12
 # "a b" occurred twice before the text's ending "a b": first followed by X, then by Y.

@@ -8,11 +8,11 @@ import pytest
 from fakes import FakeBackend, sequence_model
 from typer.testing import CliRunner
 
-from specdec_cli.adaptive import AdaptiveDrafter, CostModel
-from specdec_cli.chat import Command, parse_command
 from specdec_cli.cli import app
-from specdec_cli.drafters import PredictionIndex
-from specdec_cli.engine import Generation, GenerationSettings
+from specdec_cli.commands.chat import Command, parse_command
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel
+from specdec_cli.decoding.drafters import PredictionIndex
+from specdec_cli.decoding.engine import Generation, GenerationSettings
 
 PREDICTION = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 

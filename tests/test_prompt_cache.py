@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import llama_backend, prompt_cache
-from specdec_cli.backend import logits_for_suffix
 from specdec_cli.cli import app
-from specdec_cli.llama_backend import LlamaBackend
-from specdec_cli.prompt_cache import PromptCache
+from specdec_cli.commands import prompt_cache
+from specdec_cli.commands.prompt_cache import PromptCache
+from specdec_cli.decoding.backend import logits_for_suffix
+from specdec_cli.models import llama_backend
+from specdec_cli.models.llama_backend import LlamaBackend
 
 CHUNK = 16  # small chunks, so short prompts hold several
 SHARED = "the cat sat on the mat and then it went away the dog ran over the hill " * 3

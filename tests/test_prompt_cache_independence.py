@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cli import llama_backend
-from specdec_cli.backend import logits_for_suffix
-from specdec_cli.llama_backend import LlamaBackend
+from specdec_cli.decoding.backend import logits_for_suffix
+from specdec_cli.models import llama_backend
+from specdec_cli.models.llama_backend import LlamaBackend
 
 TEXT = "the cat sat on the mat and then it went away the dog ran over the hill " * 3
 CHUNK = 16  # small chunks, so short prompts cross several

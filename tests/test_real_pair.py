@@ -18,16 +18,16 @@ from test_invariance import (
 )
 from typer.testing import CliRunner
 
-from specdec_cli.backend import logits_for_suffix
-from specdec_cli.bench_prompts import load_prompts
+from specdec_cli.bench.bench_prompts import load_prompts
 from specdec_cli.cli import app
-from specdec_cli.drafters import ModelDrafter
-from specdec_cli.engine import Finished, Generation, GenerationSettings
-from specdec_cli.fetch import resolve_model
-from specdec_cli.llama_backend import LlamaBackend
-from specdec_cli.loading import load_pair
-from specdec_cli.prompting import prompt_tokens
-from specdec_cli.request import HardwareOptions
+from specdec_cli.commands.prompting import prompt_tokens
+from specdec_cli.commands.request import HardwareOptions
+from specdec_cli.decoding.backend import logits_for_suffix
+from specdec_cli.decoding.drafters import ModelDrafter
+from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
+from specdec_cli.models.fetch import resolve_model
+from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.models.loading import load_pair
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli import rpc
 from specdec_cli.errors import BadUsageError
+from specdec_cli.models import rpc
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -250,7 +250,7 @@ def test_speculative_over_rpc_is_the_rpc_target_alones_answer(tiny_models, two_w
 
 INVARIANCE_OVER_WORKERS = """
 import json, sys
-from specdec_cli.llama_backend import LlamaBackend
+from specdec_cli.models.llama_backend import LlamaBackend
 from test_invariance import batch_sizes_that_differ
 model, workers, mode = sys.argv[1:]
 backend = LlamaBackend(model, n_ctx=256, exact=mode == "exact", workers=workers.split(","))
@@ -505,7 +505,7 @@ def test_a_client_killed_mid_load_leaves_the_worker_serving(tiny_models, two_wor
 def test_the_real_pair_over_two_workers_is_the_rpc_target_alones_answer(shared_model_cache):
     """The default pair, exact mode: Q4_K/Q6_K weights on plain CPU buffers at the workers,
     verified with the row-wise kernels there; the drafter's passes local."""
-    from specdec_cli.fetch import resolve_model
+    from specdec_cli.models.fetch import resolve_model
 
     target, drafter = resolve_model("large").path, resolve_model("small").path
     prompt = "Write a Python function that checks whether a string is a palindrome."

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec_cli.sampling import (
+from specdec_cli.decoding.sampling import (
     Distribution,
     SamplingSettings,
     Verdict,

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from fakes import decode_request
 
-from specdec_cli.render_serve import RequestLog, RequestRecord, request_line
-from specdec_cli.sampling import SamplingSettings
-from specdec_cli.serve_protocol import (
+from specdec_cli.decoding.sampling import SamplingSettings
+from specdec_cli.serve.render_serve import RequestLog, RequestRecord, request_line
+from specdec_cli.serve.serve_protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
 )
-from specdec_cli.server import ServerState
+from specdec_cli.serve.server import ServerState
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -146,7 +146,7 @@ def test_another_model_name_is_answered_and_noted_once(json_lines):
 
 
 def test_the_text_log_line():
-    from specdec_cli.engine import GenerationStats
+    from specdec_cli.decoding.engine import GenerationStats
 
     stats = GenerationStats(generated=40, drafted=30, accepted=24, target_passes=10, seconds=2.0)
     record = RequestRecord("POST", "/v1/chat/completions", started=0.0, stream=True)

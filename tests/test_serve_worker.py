@@ -8,14 +8,14 @@ import asyncio
 import jinja2
 import pytest
 
-from specdec_cli import serve_worker
-from specdec_cli.adaptive import CostModel, build_drafter
-from specdec_cli.engine import Generation, GenerationSettings
-from specdec_cli.history import DEFAULT_HISTORY_TOKENS
-from specdec_cli.loading import load_pair
-from specdec_cli.request import HardwareOptions
-from specdec_cli.serve_protocol import Answer
-from specdec_cli.serve_worker import (
+from specdec_cli.commands.request import HardwareOptions
+from specdec_cli.decoding.adaptive import CostModel, build_drafter
+from specdec_cli.decoding.engine import Generation, GenerationSettings
+from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
+from specdec_cli.models.loading import load_pair
+from specdec_cli.serve import serve_worker
+from specdec_cli.serve.serve_protocol import Answer
+from specdec_cli.serve.serve_worker import (
     ChatPrompt,
     Failed,
     Failure,
@@ -171,7 +171,7 @@ def test_another_keys_request_does_not_reuse_the_kv_cache_one_left(tiny_models):
 
 def test_the_server_says_each_failure_in_http():
     """The worker reports what went wrong; server.py alone knows HTTP."""
-    from specdec_cli.server import api_error
+    from specdec_cli.serve.server import api_error
 
     expected = {
         Failure.BAD_PROMPT: (400, None),

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.llama_backend import PROMPT_CHUNK
+from specdec_cli.models.llama_backend import PROMPT_CHUNK
 
 KEY = "test-key"
 SECOND_KEY = "another-client"  # a second --api-key: its own history, its own caches
@@ -528,7 +528,7 @@ def test_port_in_use_and_the_network_warning(tiny_models):
 @pytest.fixture(scope="module")
 def real_pair(shared_model_cache) -> tuple[Path, Path]:
     """The default pair from the user's model cache (pulled there once), as test_real_pair."""
-    from specdec_cli.fetch import resolve_model
+    from specdec_cli.models.fetch import resolve_model
 
     return resolve_model("large").path, resolve_model("small").path
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .backend import Backend, VocabInfo
-from .errors import IncompatibleModelsError
+from ..decoding.backend import Backend, VocabInfo
+from ..errors import IncompatibleModelsError
 from .gguf_meta import FIRST_COMPARED_TOKEN
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128

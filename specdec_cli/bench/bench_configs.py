@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from .adaptive import (
+from ..decoding.adaptive import (
     ADAPTIVE_DRAFT_LIMIT,
     DRAFTER_MODES,
     NEEDS_DRAFT_MODEL,
@@ -14,12 +14,12 @@ from .adaptive import (
     default_draft_max,
     use_history,
 )
-from .drafters import Draft, Drafter, Outcome, ngram_draft
-from .engine import GenerationSettings
-from .errors import BadUsageError
-from .history import HistoryIndex
-from .loading import ModelPair
-from .sampling import SamplingSettings, TokenChooser
+from ..decoding.drafters import Draft, Drafter, Outcome, ngram_draft
+from ..decoding.engine import GenerationSettings
+from ..decoding.history import HistoryIndex
+from ..decoding.sampling import SamplingSettings, TokenChooser
+from ..errors import BadUsageError
+from ..models.loading import ModelPair
 
 TARGET_ALONE = "target alone"  # always llama.cpp's default kernels: the speed to beat
 EXACT_ALONE = "target alone, exact"  # batch-invariant kernels: the answer exact mode keeps

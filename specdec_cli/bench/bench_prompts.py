@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from .backend import Backend, encode_chat
-from .errors import BadUsageError
-from .prompting import prompt_tokens
+from ..commands.prompting import prompt_tokens
+from ..decoding.backend import Backend, encode_chat
+from ..errors import BadUsageError
 
 DEFAULT_MAX_TOKENS = 128
 BUILTIN_SUITE = Path(__file__).parent / "prompts" / "suite.yaml"

@@ -20,7 +20,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import bench, bench_configs, bench_report, render
+from .. import render
+from . import bench, bench_configs, bench_report
 
 BAR_WIDTH = 36
 

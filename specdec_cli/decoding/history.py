@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..json_cache import locked, replacing
 from .drafters import NO_MATCH, NgramMatch
-from .json_cache import locked, replacing
 
 # A lookup keys on the text's last KEY_TOKENS tokens: shorter endings are mostly chance.
 KEY_TOKENS = 4

@@ -10,13 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from . import render
-from .adaptive import costs_of
-from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
-from .cost_cache import remember_costs
-from .engine import Piece
-from .errors import SpecdecError
-from .loading import (
+from .. import render
+from ..decoding.adaptive import costs_of
+from ..decoding.engine import Piece
+from ..errors import SpecdecError
+from ..models.loading import (
     CHAT_CONTEXT,
     ModelLoader,
     drafter_for,
@@ -25,6 +23,8 @@ from .loading import (
     load_models,
     load_with_llama_cpp,
 )
+from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
+from .cost_cache import remember_costs
 from .request import DecodeRequest
 
 

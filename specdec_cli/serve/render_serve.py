@@ -10,7 +10,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from .engine import GenerationStats
+from ..decoding.engine import GenerationStats
 
 
 @dataclass

@@ -19,13 +19,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .adaptive import use_history
-from .backend import Backend, encode_template_text
-from .drafters import Drafter, ModelDrafter
-from .engine import Finished, FinishReason, Generation, GenerationSettings, GenerationStats
-from .errors import BadUsageError, ModelFileError, SpecdecError
-from .history import HistoryFile, HistoryIndex
-from .loading import ModelPair
+from ..decoding.adaptive import use_history
+from ..decoding.backend import Backend, encode_template_text
+from ..decoding.drafters import Drafter, ModelDrafter
+from ..decoding.engine import (
+    Finished,
+    FinishReason,
+    Generation,
+    GenerationSettings,
+    GenerationStats,
+)
+from ..decoding.history import HistoryFile, HistoryIndex
+from ..errors import BadUsageError, ModelFileError, SpecdecError
+from ..models.loading import ModelPair
 from .prompting import check_prompt_fits, prediction_tokens, read_prediction
 
 COMMANDS: dict[str, str] = {

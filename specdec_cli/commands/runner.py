@@ -9,15 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import render
-from .adaptive import CostModel, costs_of, use_history
-from .comparison import Comparison, compare_outputs
-from .cost_cache import remember_costs
-from .drafters import Drafter
-from .engine import Finished, Generation
-from .errors import EXIT_INTERRUPTED
-from .history import HistoryFile
-from .loading import (
+from .. import render
+from ..decoding.adaptive import CostModel, costs_of, use_history
+from ..decoding.comparison import Comparison, compare_outputs
+from ..decoding.drafters import Drafter
+from ..decoding.engine import Finished, Generation
+from ..decoding.history import HistoryFile
+from ..errors import EXIT_INTERRUPTED
+from ..models.loading import (
     ModelLoader,
     ModelPair,
     drafter_for,
@@ -26,6 +25,7 @@ from .loading import (
     load_models,
     load_with_llama_cpp,
 )
+from .cost_cache import remember_costs
 from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
 from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from .request import DecodeRequest

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .adaptive import CostModel, build_drafter
-from .backend import Backend
+from ..commands.cost_cache import pair_costs
+from ..commands.request import DecodeRequest, HardwareOptions
+from ..decoding.adaptive import CostModel, build_drafter
+from ..decoding.backend import Backend
+from ..decoding.drafters import Drafter
+from ..decoding.history import HistoryFile, HistoryIndex
 from .compat import check_compatible
-from .cost_cache import pair_costs
-from .drafters import Drafter
-from .history import HistoryFile, HistoryIndex
-from .request import DecodeRequest, HardwareOptions
 
 
 @dataclass

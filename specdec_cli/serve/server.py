@@ -23,15 +23,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import render, render_serve
-from .adaptive import costs_of
-from .cost_cache import remember_costs
-from .engine import GenerationSettings
-from .errors import SpecdecError
-from .history import DEFAULT_HISTORY_TOKENS
-from .loading import drafter_for, fit_context, load_models
+from .. import render
+from ..commands.cost_cache import remember_costs
+from ..commands.request import DecodeRequest
+from ..decoding.adaptive import costs_of
+from ..decoding.engine import GenerationSettings
+from ..decoding.history import DEFAULT_HISTORY_TOKENS
+from ..errors import SpecdecError
+from ..models.loading import drafter_for, fit_context, load_models
+from . import render_serve
 from .render_serve import RequestLog, RequestRecord
-from .request import DecodeRequest
 from .serve_protocol import (
     Answer,
     ApiError,

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .errors import ChecksumError, FetchError, IncompatibleModelsError, ModelFileError
+from ..errors import ChecksumError, FetchError, IncompatibleModelsError, ModelFileError
+from ..json_cache import read_json_cache, write_json_cache
+from ..paths import cache_dir
 from .gguf_meta import FingerprintCache, read_gguf_info
-from .json_cache import read_json_cache, write_json_cache
-from .paths import cache_dir
 from .registry import (
     HubSource,
     ModelEntry,

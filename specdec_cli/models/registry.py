@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from .errors import RegistryError
-from .paths import config_dir
+from ..errors import RegistryError
+from ..paths import config_dir
 
 ROLES = ("drafter", "target")
 _REQUIRED = ("family", "sources")

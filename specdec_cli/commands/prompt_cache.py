@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .backend import kept_prefix
-from .json_cache import replacing
+from ..decoding.backend import kept_prefix
+from ..json_cache import replacing
 
 if TYPE_CHECKING:
-    from .loading import ModelPair
+    from ..models.loading import ModelPair
     from .request import HardwareOptions
 
 FORMAT = "specdec.prompt-cache/1"
@@ -206,8 +206,8 @@ def _digest(tokens: list[int]) -> str:
 def prompt_cache_key(pair: ModelPair, hardware: HardwareOptions) -> str:
     """What a saved KV state depends on: each model file's content, the kernels (exact or
     fast, and the build), threads and GPU layers."""
-    from . import llama_backend
-    from .fetch import cached_sha256
+    from ..models import llama_backend
+    from ..models.fetch import cached_sha256
 
     files = [cached_sha256(b.path) if b and b.path else "-" for b in (pair.target, pair.drafter)]
     setup = f"{hardware.placement()}:{llama_backend.kernel_signature(hardware.exact)}"

@@ -14,7 +14,7 @@ import socket
 import struct
 from collections.abc import Iterable
 
-from .errors import BadUsageError, SpecdecError
+from ..errors import BadUsageError, SpecdecError
 
 # The RPC protocol of the pinned llama.cpp (ggml/include/ggml-rpc.h): a worker must speak
 # the same major version and no newer minor one (llama.cpp's own rule).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .backend import Backend, encode_chat
-from .errors import BadUsageError, ContextOverflowError
+from ..decoding.backend import Backend, encode_chat
+from ..errors import BadUsageError, ContextOverflowError
 
 
 def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:

@@ -25,14 +25,14 @@ from enum import Enum
 
 import jinja2
 
-from .adaptive import use_history
-from .backend import encode_chat
-from .drafters import Drafter
-from .engine import Finished, Generation, GenerationSettings, Piece
-from .errors import SpecdecError
-from .history import HistoryIndex
-from .loading import ModelPair
-from .prompting import check_prompt_fits
+from ..commands.prompting import check_prompt_fits
+from ..decoding.adaptive import use_history
+from ..decoding.backend import encode_chat
+from ..decoding.drafters import Drafter
+from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
+from ..decoding.history import HistoryIndex
+from ..errors import SpecdecError
+from ..models.loading import ModelPair
 from .serve_protocol import Answer
 
 

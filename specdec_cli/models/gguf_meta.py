@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import ModelFileError
-from .json_cache import read_json_cache, write_json_cache
+from ..errors import ModelFileError
+from ..json_cache import read_json_cache, write_json_cache
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp compares drafter and target vocabularies from this token id on (the first few

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .engine import Finished, GenerationStats
+from ..decoding.engine import Finished, GenerationStats
 
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1

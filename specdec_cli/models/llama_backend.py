@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decoding.backend import VocabInfo, kept_prefix
+from ..errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 from . import rpc
-from .backend import VocabInfo, kept_prefix
-from .errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
 
 try:
     import llama_cpp

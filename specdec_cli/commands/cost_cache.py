@@ -6,13 +6,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .adaptive import CostModel
-from .json_cache import read_json_cache, update_json_cache
-from .paths import cache_dir
+from ..decoding.adaptive import CostModel
+from ..json_cache import read_json_cache, update_json_cache
+from ..paths import cache_dir
 from .request import HardwareOptions
 
 if TYPE_CHECKING:
-    from .loading import ModelPair  # which imports this module
+    from ..models.loading import ModelPair  # which imports this module
 
 COSTS_MAX_AGE_SECONDS = 24 * 3600
 # A run writes back what it learned only after this many timed decodes: fewer say little.
@@ -28,7 +28,7 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions, kernels: str | None =
     day since that run), else probed (a few seconds). A probe is cached only if it passes
     its checks (adaptive.probe_problems); either way the run corrects its own copy with
     every decode, and `remember_costs` writes the corrected table back."""
-    from .adaptive import measure_pair_costs
+    from ..decoding.adaptive import measure_pair_costs
 
     cache = costs_cache()
     key = costs_key(pair, hardware, kernels)
@@ -50,7 +50,7 @@ def remember_costs(
     Merged under the cache's lock: another process's keys stay, and if it wrote this key
     since this run read it, each cost is the mean of both (both measured this machine now).
     A table that fails the shape checks, or a run that timed few decodes, is not written."""
-    from .adaptive import table_problems
+    from ..decoding.adaptive import table_problems
 
     key = costs_key(pair, hardware, kernels)
     if not key or not costs.learn or costs.decodes_observed < COSTS_MIN_DECODES:
@@ -114,7 +114,7 @@ def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = 
             stat = backend.path.stat()
             parts.append(f"{backend.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
     if kernels is None:
-        from . import llama_backend
+        from ..models import llama_backend
 
         kernels = llama_backend.kernel_signature(hardware.exact)
     parts.append(f"{hardware.placement()}:exact={hardware.exact}:{kernels}")

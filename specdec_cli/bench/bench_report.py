@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import Backend
-from .bench_configs import INSTRUMENTS, ORACLE, TARGET_ALONE, Configuration
-from .bench_prompts import BenchPrompt
-from .comparison import Comparison
-from .engine import (
+from ..commands.request import HardwareOptions
+from ..decoding.backend import Backend
+from ..decoding.comparison import Comparison
+from ..decoding.engine import (
     FinishReason,
     GenerationStats,
 )
-from .errors import BadUsageError
-from .request import HardwareOptions
+from ..errors import BadUsageError
+from .bench_configs import INSTRUMENTS, ORACLE, TARGET_ALONE, Configuration
+from .bench_prompts import BenchPrompt
 
 SCHEMA = "specdec.bench/1"
 BOOTSTRAP_DRAWS = 2000
@@ -465,7 +465,7 @@ def timestamp() -> str:
 
 
 def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
-    from . import llama_backend  # loaded already by the time a bench runs
+    from ..models import llama_backend  # loaded already by the time a bench runs
 
     return {
         "cpu": cpu_model(),
@@ -515,7 +515,7 @@ def _load_average() -> list[float] | None:
 
 
 def model_record(backend: Backend, path: Path) -> dict:
-    from .fetch import cached_sha256
+    from ..models.fetch import cached_sha256
 
     record = {
         "path": str(path),

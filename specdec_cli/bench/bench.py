@@ -18,12 +18,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .adaptive import (
+from ..commands.prompting import check_prompt_fits, prediction_tokens
+from ..commands.request import HardwareOptions
+from ..decoding.adaptive import (
     CostModel,
     costs_of,
     measure_pair_costs,
 )
-from .backend import Backend, SwitchableKernels
+from ..decoding.backend import Backend, SwitchableKernels
+from ..decoding.comparison import compare_outputs
+from ..decoding.engine import (
+    Finished,
+    Generation,
+    GenerationSettings,
+    Piece,
+    SamplingRule,
+)
+from ..decoding.history import HistoryIndex
+from ..decoding.sampling import SamplingSettings
+from ..errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
+from ..models.loading import ModelPair, fit_context, load_drafter, load_pair
 from .bench_configs import (
     EXACT_ALONE,
     ORACLE,
@@ -33,20 +47,6 @@ from .bench_configs import (
 )
 from .bench_prompts import BenchPrompt
 from .bench_report import BenchReport, OutputCheck, RunRecord, machine_info, model_record, timestamp
-from .comparison import compare_outputs
-from .engine import (
-    Finished,
-    Generation,
-    GenerationSettings,
-    Piece,
-    SamplingRule,
-)
-from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
-from .history import HistoryIndex
-from .loading import ModelPair, fit_context, load_drafter, load_pair
-from .prompting import check_prompt_fits, prediction_tokens
-from .request import HardwareOptions
-from .sampling import SamplingSettings
 
 
 class BenchProgress(Protocol):

@@ -1,0 +1,1 @@
+"""`specdec bench`: prompt files, configurations, the run, the report."""

@@ -1,0 +1,1 @@
+"""`run` and `chat`: requests, prompts, what is kept between runs, the two adapters."""

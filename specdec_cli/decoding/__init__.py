@@ -1,0 +1,1 @@
+"""The engine and its drafters: draft, verify, accept; knows nothing of terminals or HTTP."""

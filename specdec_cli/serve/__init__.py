@@ -1,0 +1,1 @@
+"""`specdec serve`: OpenAI's API over the engine."""
