@@ -20,6 +20,7 @@ from .decoding.history import DEFAULT_HISTORY_TOKENS
 from .decoding.sampling import SamplingSettings
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .models import rpc
+from .network import is_loopback
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -901,7 +902,7 @@ def worker(
     with user_errors():
         rpc.check_listen_address(host, port)
         llama_backend.set_verbose(verbose)
-        if not rpc.is_loopback(host):
+        if not is_loopback(host):
             render.stderr_console().print(
                 f"[bold yellow]warning:[/bold yellow] listening on {host}:{port}. llama.cpp's RPC "
                 "protocol has no authentication or encryption: anyone who can reach this port "

@@ -98,13 +98,17 @@ def test_run_prints_one_json_record_with_the_target_alones_answer(capsys):
     assert loader.asked == [("target.gguf", False), ("drafter.gguf", True)]
 
 
+def answer_plainly(target: FakeBackend, capsys) -> tuple[int, str, str]:
+    """`specdec run --raw abc -n 16` as a pipeline sees it: exit code, stdout, stderr."""
+    request = RunRequest(decode_request(target=TARGET, max_tokens=16), "abc", raw=True)
+    code = run_once(request, json_output=False, loader=loader_for(target))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_run_streams_only_the_answer_to_stdout(capsys):
     target = FakeBackend(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
-    request = decode_request(target=TARGET, max_tokens=16)
-    code = run_once(
-        RunRequest(request, "abc", raw=True), json_output=False, loader=loader_for(target)
-    )
-    out, err = capsys.readouterr()
+    code, out, err = answer_plainly(target, capsys)
     assert code == 0
     assert out == spelled(greedy_alone("abc", 16)) + "\n"
     assert err == ""  # stats go to a terminal only
@@ -112,11 +116,7 @@ def test_run_streams_only_the_answer_to_stdout(capsys):
 
 def test_ctrl_c_keeps_the_partial_answer_and_exits_130(capsys):
     target = InterruptedAfter(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
-    request = decode_request(target=TARGET, max_tokens=16)
-    code = run_once(
-        RunRequest(request, "abc", raw=True), json_output=False, loader=loader_for(target)
-    )
-    out, err = capsys.readouterr()
+    code, out, err = answer_plainly(target, capsys)
     assert code == EXIT_INTERRUPTED
     whole = spelled(greedy_alone("abc", 16))
     assert out.strip() and whole.startswith(out.strip()) and out.strip() != whole

@@ -81,15 +81,6 @@ def parse_tensor_split(text: str, n_workers: int) -> tuple[float, ...]:
     return shares
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def hello(endpoint: str, timeout: float = HANDSHAKE_SECONDS) -> tuple[int, int, int]:
     """The worker's protocol version, from a HELLO on a connection of our own (closed again,
     so the worker goes back to waiting for llama.cpp's)."""

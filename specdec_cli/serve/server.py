@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import socket
 import sys
@@ -31,6 +30,7 @@ from ..decoding.engine import GenerationSettings
 from ..decoding.history import DEFAULT_HISTORY_TOKENS
 from ..errors import SpecdecError
 from ..models.loading import drafter_for, fit_context, load_models
+from ..network import is_loopback
 from . import render_serve
 from .render_serve import RequestLog, RequestRecord
 from .serve_protocol import (
@@ -511,15 +511,6 @@ def serve(request: ServeRequest) -> int:
             remember_costs(pair, request.decode.hardware, costs)
     console.print("specdec serve: stopped", highlight=False)
     return 0 if server.started else 1
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _listen(host: str, port: int) -> socket.socket:
