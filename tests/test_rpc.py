@@ -227,6 +227,28 @@ def test_the_worker_speaks_the_protocol_the_client_expects(two_workers):
     assert rpc.hello(two_workers[0]) == rpc.PROTOCOL
 
 
+def worker_banner(host: str) -> str:
+    """What a worker listening on `host` prints to stderr before serving."""
+    port = free_port()
+    process = subprocess.Popen(
+        [*SPECDEC, "worker", "--host", host, "--port", str(port), "--threads", "1"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, process)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+    return stderr
+
+
+def test_a_worker_beyond_loopback_warns_that_anyone_can_use_it():
+    opened = worker_banner("0.0.0.0")
+    assert "warning" in opened and "no authentication" in opened, opened
+    loopback = worker_banner("127.0.0.1")
+    assert "warning" not in loopback and "specdec worker on 127.0.0.1" in loopback, loopback
+
+
 def test_a_worker_refuses_a_port_in_use_and_a_host_name(two_workers):
     taken = two_workers[0].rsplit(":", 1)[1]
     result = specdec("worker", "--port", taken, timeout=60)
