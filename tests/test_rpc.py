@@ -480,11 +480,11 @@ def test_workers_survive_a_dying_client_and_malformed_messages(tiny_models, two_
         hello + bytes([6]) + struct.pack("<Q", 2**62),  # a tensor write of 4 EiB announced
         hello + bytes([3]) + struct.pack("<Q", 8) + struct.pack("<Q", 12345),  # a foreign buffer
     ):
-        with socket.create_connection((host, port), timeout=5) as sock:
+        # the worker may hang up before the message ends: that is its business, not a failure
+        with socket.create_connection((host, port), timeout=5) as sock, suppress(OSError):
             sock.sendall(garbage)
             sock.shutdown(socket.SHUT_WR)
-            with suppress(OSError):
-                sock.recv(4096)
+            sock.recv(4096)
     assert rpc.hello(endpoint) == rpc.PROTOCOL
     answer = run_json(tiny_models.target, "--no-draft", "-n", "8", "--rpc", ",".join(two_workers))
     assert answer["stats"]["generated_tokens"] > 0
