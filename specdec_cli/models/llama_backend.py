@@ -93,7 +93,8 @@ def rowwise_kernels() -> str:
 
 # -- llama.cpp's RPC backend: the target's layers on workers (`specdec worker`) ------------
 
-_GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+_CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
+_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 
 
 def _ggml_function(name: str, argtypes: list, restype):
@@ -137,17 +138,21 @@ def _refuse_without_rpc() -> None:
         )
 
 
-def local_devices() -> list[int]:
-    """This machine's GPUs (none on a CPU-only build: the CPU is always used besides them).
-    RPC workers are never registered with ggml, so they are not among them."""
+def _devices_of_type(types: tuple[int, ...]) -> list[int]:
+    """ggml's registered devices of these types. RPC workers are never registered, so they
+    are not among them."""
     devices = (_dev_get(i) for i in range(_dev_count()))
-    return [device for device in devices if _dev_type(device) in _GPU_TYPES]
+    return [device for device in devices if _dev_type(device) in types]
+
+
+def local_devices() -> list[int]:
+    """This machine's GPUs (none on a CPU-only build: the CPU is always used besides them)."""
+    return _devices_of_type(_GPU_TYPES)
 
 
 def _worker_devices() -> list[int]:
     """What a worker serves: this machine's GPUs, else its CPU (as llama.cpp's rpc-server)."""
-    gpus = local_devices()
-    return gpus or [_dev_get(i) for i in range(_dev_count()) if _dev_type(_dev_get(i)) == 0][:1]
+    return local_devices() or _devices_of_type((_CPU_TYPE,))[:1]
 
 
 _connected_workers: dict[str, list[int]] = {}
@@ -158,11 +163,11 @@ def worker_devices(endpoints: Sequence[str]) -> list[int]:
     line for a worker that is missing, busy or of another protocol, where llama.cpp would
     abort the process)."""
     _refuse_without_rpc()
+    _watch_workers(endpoints)
     devices = []
     for endpoint in endpoints:
         if endpoint not in _connected_workers:
             rpc.check_workers([endpoint])
-            _report_lost_workers(endpoints)
             registry = _rpc_add_server(endpoint.encode())
             count = _reg_dev_count(registry) if registry else 0
             if not count:
@@ -199,7 +204,8 @@ def _on_ggml_abort(message: bytes) -> None:
     os._exit(1)
 
 
-def _report_lost_workers(endpoints: Sequence[str]) -> None:
+def _watch_workers(endpoints: Sequence[str]) -> None:
+    """From now on, an abort names whichever of these workers was lost (_on_ggml_abort)."""
     for endpoint in endpoints:
         if endpoint not in _watched_workers:
             _watched_workers.append(endpoint)
@@ -209,7 +215,8 @@ def _report_lost_workers(endpoints: Sequence[str]) -> None:
 
 def serve_worker(host: str, port: int, threads: int | None, tensor_cache: Path | None) -> None:
     """Serve this machine's devices over llama.cpp's RPC protocol until the process is
-    stopped; returns only if llama.cpp's server could not start.
+    stopped; returns only if llama.cpp's server could not start. The caller has checked
+    the address (rpc.check_listen_address) before saying where the worker listens.
 
     The worker cannot tell a prompt from a draft, so it keeps the batch-invariant kernels for
     every batch of up to EXACT_BATCH_ROWS rows: a verification then computes each of its
@@ -222,7 +229,6 @@ def serve_worker(host: str, port: int, threads: int | None, tensor_cache: Path |
             "clients' answers depend on batching.",
             "Run `make install` (it applies specdec's llama.cpp patch).",
         )
-    rpc.check_listen_address(host, port)
     _set_invariant_rows(EXACT_BATCH_ROWS)
     devices = _worker_devices()
     array = (ctypes.c_void_p * len(devices))(*devices)

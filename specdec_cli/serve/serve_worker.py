@@ -232,9 +232,7 @@ class Worker:
     def _hand_over_caches(self, owner: str | None) -> None:
         """Another owner's request starts from empty caches."""
         if owner != self._cache_owner:
-            for backend in (self.pair.target, self.pair.drafter):
-                if backend is not None:
-                    backend.truncate(0)
+            self.pair.reset()
             self._cache_owner = owner
 
     def _run(self, job: Job) -> None:
