@@ -136,7 +136,11 @@ TensorSplitOpt = Annotated[
     ),
 ]
 ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Use a drafter even if its vocabulary differs.")
+    bool,
+    typer.Option(
+        "--force",
+        help="Draft by token ids even where the vocabularies differ (else by text).",
+    ),
 ]
 ExactOpt = Annotated[
     bool,

@@ -89,8 +89,9 @@ def print_models_table(
     )
     longest = max((len(s.name) for s in statuses), default=4)
     table.add_column("name", min_width=longest, overflow="fold")
-    for column in ("role", "size", "local", "drafter for"):
+    for column in ("role", "size", "local"):
         table.add_column(column, justify="right" if column == "size" else "left", no_wrap=True)
+    table.add_column("drafter for")
     short_names = {s.name: min((s.name, *s.aliases), key=len) for s in statuses}
     for s in statuses:
         table.add_row(
@@ -98,10 +99,20 @@ def print_models_table(
             s.role or "",
             _human_bytes(s.size) if s.size else "?",
             "[green]yes[/green]" if s.path else "[dim]no[/dim]",
-            ", ".join(short_names.get(t, t) for t in s.drafter_for)
-            or ("" if s.vocab else "[dim]unknown vocab[/dim]"),
+            _drafter_for(s, short_names),
         )
     console.print(table)
+
+
+def _drafter_for(status: ModelStatus, short_names: dict[str, str]) -> str:
+    """The targets it drafts for, a line each: by token ids, then by text."""
+    if not status.vocab:
+        return "[dim]unknown vocab[/dim]"
+    lines = [short_names.get(t, t) for t in status.drafter_for]
+    if status.text_drafter_for:
+        lines.append("[dim]by text:[/dim]")
+        lines += [short_names.get(t, t) for t in status.text_drafter_for]
+    return "\n".join(lines)
 
 
 def _name_cell(status: ModelStatus, paths: bool) -> Text:

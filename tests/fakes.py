@@ -37,7 +37,12 @@ class FakeBackend:
         n_ctx: int = 512,
         end_of_generation: Iterable[int] = (),
         pieces: Mapping[int, bytes] | Sequence[bytes] | None = None,
+        specials: Iterable[int] = (),
+        bos: int | None = None,
     ) -> None:
+        """`specials`: control tokens, spelled by their piece but with no text (token_bytes
+        b"") and read from a text only with parse_special; `bos`: added to a text's start
+        with add_special."""
         self.path: Path | None = None
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
@@ -47,6 +52,8 @@ class FakeBackend:
         if pieces is None:
             pieces = letter_pieces(n_vocab, self.end_of_generation)
         self.pieces = dict(pieces) if isinstance(pieces, Mapping) else dict(enumerate(pieces))
+        self.specials = frozenset(specials)
+        self.bos = bos
         self.decode_calls = 0
         self.tokens_decoded = 0
         self.exact = False  # scripted logits are the same whatever the batch
@@ -96,10 +103,17 @@ class FakeBackend:
         self.n_ctx, self.cached = n_ctx, []
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
-        """Greedy longest match against the pieces (no specials are ever added or parsed)."""
-        data, out = text.encode(), []
+        """Greedy longest match against the pieces (the control tokens' only with
+        parse_special), after the BOS with add_special."""
+        data = text.encode()
+        out = [self.bos] if add_special and self.bos is not None else []
         by_length = sorted(
-            ((p, t) for t, p in self.pieces.items() if p), key=lambda pt: -len(pt[0])
+            (
+                (p, t)
+                for t, p in self.pieces.items()
+                if p and (parse_special or t not in self.specials)
+            ),
+            key=lambda pt: (-len(pt[0]), pt[1]),
         )
         while data:
             for piece, token in by_length:
@@ -112,6 +126,9 @@ class FakeBackend:
         return out
 
     def token_bytes(self, token: int) -> bytes:
+        return b"" if token in self.specials else self.pieces.get(token, b"")
+
+    def token_spelling(self, token: int) -> bytes:
         return self.pieces.get(token, b"")
 
     def is_end_of_generation(self, token: int) -> bool:
@@ -119,8 +136,14 @@ class FakeBackend:
 
     def vocab_info(self) -> VocabInfo:
         eos = min(self.end_of_generation, default=-1)
+        bos = -1 if self.bos is None else self.bos
         return VocabInfo(
-            vocab_type=2, n_vocab=self.n_vocab, bos=-1, eos=eos, add_bos=False, add_eos=False
+            vocab_type=2,
+            n_vocab=self.n_vocab,
+            bos=bos,
+            eos=eos,
+            add_bos=self.bos is not None,
+            add_eos=False,
         )
 
     def token_text(self, token: int) -> str:
@@ -145,6 +168,8 @@ class FakeBackend:
             n_ctx=self.n_ctx,
             end_of_generation=self.end_of_generation,
             pieces=self.pieces,
+            specials=self.specials,
+            bos=self.bos,
         )
         kwargs.update(changes)
         return FakeBackend(logits_fn or self.logits_fn, **kwargs)

@@ -121,22 +121,16 @@ def test_verify_reports_identical_output(tiny_models):
     assert record["verify"]["target_alone"]["generated_tokens"] == 32
 
 
-def test_incompatible_drafter_is_one_line_and_exit_1(tiny_models):
-    result = invoke(
-        [
-            "run",
-            "hi",
-            "--raw",
-            "--target",
-            str(tiny_models.target),
-            "--draft",
-            str(tiny_models.incompatible),
-        ]
-    )
-    assert result.exit_code == 1
-    assert "vocabularies differ" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert result.stdout == ""
+@pytest.mark.parametrize("mode", ["fixed", "combined"])
+def test_a_drafter_of_another_vocabulary_drafts_by_text(tiny_models, mode):
+    plain = run_json(tiny_models, PROMPTS[0], "--no-draft", "-n", "32")
+    other = str(tiny_models.incompatible)
+    drafted = run_json(tiny_models, PROMPTS[0], "--draft", other, "--drafter", mode, "-n", "32")
+    assert drafted["text"] == plain["text"]
+    assert drafted["tokens"] == plain["tokens"]
+    if mode == "fixed":  # every round drafts, by text
+        assert drafted["stats"]["draft_sources"].get("text", 0) > 0
+        assert "model" not in drafted["stats"]["draft_sources"]
 
 
 def test_force_uses_an_incompatible_drafter_anyway(tiny_models):

@@ -31,6 +31,7 @@ from specdec_cli.decoding.sampling import (
     distribution,
     speculative_accept,
 )
+from specdec_cli.decoding.text_drafter import TextDrafter
 
 N_VOCAB = 4
 EOS = 3
@@ -81,7 +82,11 @@ def draw(
     rule: SamplingRule = SamplingRule.CLASSIC,
 ) -> tuple[FakeBackend, Counter]:
     target = FakeBackend(TARGET, N_VOCAB, end_of_generation={EOS})
-    drafter = ModelDrafter(target.twin(DRAFTERS[drafter_model]), min_confidence=min_confidence)
+    drafter: ModelDrafter | TextDrafter
+    if drafter_model == "by text":
+        drafter = TextDrafter(other_vocabulary_drafter(), target)
+    else:
+        drafter = ModelDrafter(target.twin(DRAFTERS[drafter_model]), min_confidence=min_confidence)
     if adaptive:  # point-mass n-gram drafts, model drafts and plain rounds, chosen as it learns
         costs = CostModel({1: 1.0, 2: 1.3, 8: 3.1}, 0.2, learn=False)
         model = drafter if adaptive == "combined" else None
@@ -97,6 +102,17 @@ def draw(
         eos = (EOS,) if done.finish_reason == "stop" else ()
         counts[tuple(done.tokens) + eos] += 1
     return target, counts
+
+
+# A drafter of another vocabulary (the target's words are "a", "b", "c"): single letters,
+# tokens that spell two or three of the target's, and its own end of turn. Its logits depend
+# on its whole prefix, so its text drafts change with everything drawn so far.
+OTHER_PIECES = {0: b"a", 1: b"b", 2: b"c", 3: b"ab", 4: b"ca", 5: b"bcb", 6: b""}
+
+
+def other_vocabulary_drafter() -> FakeBackend:
+    logits = table_model(len(OTHER_PIECES), seed=5, context=None, scale=1.5)
+    return FakeBackend(logits, len(OTHER_PIECES), end_of_generation={6}, pieces=OTHER_PIECES)
 
 
 def chi_square_p(counts: Counter, expected: dict[tuple, float]) -> float:
@@ -157,6 +173,20 @@ def test_speculative_sampling_matches_the_target_exactly(case, rule):
 def test_adaptive_drafting_keeps_sampling_exact(mode, sampling, rule):
     p, _ = fit(sampling, "similar", adaptive=mode, rule=rule)
     assert p > PASS_P, f"chi-square p={p:.3g}"
+
+
+@pytest.mark.parametrize(
+    ("rule", "adaptive", "sampling"),
+    [
+        (SamplingRule.CLASSIC, None, settings(1.0)),
+        (SamplingRule.CLASSIC, "combined", settings(0.8, top_k=3, top_p=0.9)),
+        (SamplingRule.INVARIANT, None, settings(0.8, top_k=3, top_p=0.9)),
+    ],
+    ids=["classic-fixed", "classic-combined-cuts", "invariant-fixed-cuts"],
+)
+def test_drafts_by_text_from_another_vocabulary_keep_sampling_exact(rule, adaptive, sampling):
+    p, counts = fit(sampling, "by text", adaptive=adaptive, rule=rule)
+    assert p > PASS_P, f"chi-square p={p:.3g}; counts {counts.most_common(8)}"
 
 
 def test_drafter_confidence_cutoff_keeps_sampling_exact():
@@ -232,3 +262,8 @@ def test_a_drafter_equal_to_the_target_only_produces_possible_answers():
     expected = exact_distribution(target, sampling)
     assert all(expected.get(answer, 0.0) > 0.0 for answer in counts)
     assert len(counts) < len(exact_distribution(target, settings(1.0)))
+
+
+def test_the_harness_rejects_a_wrong_rule_for_drafts_by_text():
+    p, _ = fit(settings(1.0), "by text", acceptance=accept_everything)
+    assert p < REJECT_P, f"accepting every text draft passed the fit (p={p:.3g})"

@@ -138,7 +138,7 @@ def registry_file(tmp_path: Path, content: bytes, *, sha256: str | None = None) 
     path = tmp_path / "models.yaml"
     path.write_text(
         "models:\n"
-        "  tiny:\n"
+        "  hub-tiny:\n"
         "    family: tiny\n"
         f"    size: {len(content)}\n"
         f"    sha256: {digest}\n"
@@ -181,7 +181,7 @@ def test_clean_download_lands_in_the_hub_cache(tmp_path, hub_env, tiny_bytes):
     progress = CountingProgress()
 
     model = resolve_model(
-        "tiny", models_file=registry_file(tmp_path, tiny_bytes), progress=progress
+        "hub-tiny", models_file=registry_file(tmp_path, tiny_bytes), progress=progress
     )
 
     assert model.path.read_bytes() == tiny_bytes
@@ -196,10 +196,10 @@ def test_clean_download_lands_in_the_hub_cache(tmp_path, hub_env, tiny_bytes):
 def test_second_resolve_uses_the_cache_without_network(tmp_path, hub_env, tiny_bytes):
     hub = hub_env(tiny_bytes)
     models_file = registry_file(tmp_path, tiny_bytes)
-    first = resolve_model("tiny", models_file=models_file)
+    first = resolve_model("hub-tiny", models_file=models_file)
     seen = len(hub.requests)
 
-    again = resolve_model("tiny", models_file=models_file)
+    again = resolve_model("hub-tiny", models_file=models_file)
 
     assert again.path == first.path
     assert len(hub.requests) == seen
@@ -213,7 +213,7 @@ def test_dropped_connection_resumes_with_a_range_request(tmp_path, hub_env):
     cut = 11 * 1024 * 1024
     hub.drop_next_get_after = cut
 
-    model = resolve_model("tiny", models_file=registry_file(tmp_path, content))
+    model = resolve_model("hub-tiny", models_file=registry_file(tmp_path, content))
 
     assert model.path.read_bytes() == content
     ranges = [rng for method, _, rng in hub.requests if method == "GET"]
@@ -226,7 +226,7 @@ def test_checksum_mismatch_deletes_the_download(tmp_path, hub_env, tiny_bytes):
     models_file = registry_file(tmp_path, tiny_bytes, sha256="f" * 64)
 
     with pytest.raises(ChecksumError, match="deleted"):
-        resolve_model("tiny", models_file=models_file)
+        resolve_model("hub-tiny", models_file=models_file)
 
     assert blobs(tmp_path) == []
     assert not list((tmp_path / "hub-cache").rglob(FILE))
@@ -235,13 +235,13 @@ def test_checksum_mismatch_deletes_the_download(tmp_path, hub_env, tiny_bytes):
 def test_offline_with_a_cached_file_needs_no_server(tmp_path, hub_env, tiny_bytes, monkeypatch):
     hub = hub_env(tiny_bytes)
     models_file = registry_file(tmp_path, tiny_bytes)
-    cached = resolve_model("tiny", models_file=models_file).path
+    cached = resolve_model("hub-tiny", models_file=models_file).path
     hub.shutdown()
     seen = len(hub.requests)
 
-    assert resolve_model("tiny", models_file=models_file, offline=True).path == cached
+    assert resolve_model("hub-tiny", models_file=models_file, offline=True).path == cached
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert resolve_model("tiny", models_file=models_file).path == cached
+    assert resolve_model("hub-tiny", models_file=models_file).path == cached
     assert len(hub.requests) == seen
 
 
@@ -253,7 +253,7 @@ def test_offline_without_a_cached_file_says_so(tmp_path, hub_env, tiny_bytes, mo
 
     with pytest.raises(FetchError, match="not downloaded and offline"):
         resolve_model(
-            "tiny", models_file=registry_file(tmp_path, tiny_bytes), offline=how == "flag"
+            "hub-tiny", models_file=registry_file(tmp_path, tiny_bytes), offline=how == "flag"
         )
 
     assert hub.requests == []
@@ -265,7 +265,7 @@ def test_missing_file_on_the_hub_is_a_fetch_error(tmp_path, hub_env, tiny_bytes)
     hub.files.clear()
 
     with pytest.raises(FetchError, match=REPO):
-        resolve_model("tiny", models_file=registry_file(tmp_path, tiny_bytes))
+        resolve_model("hub-tiny", models_file=registry_file(tmp_path, tiny_bytes))
 
 
 def test_a_present_later_source_wins_without_contacting_the_hub(tmp_path, hub_env, tiny_bytes):
@@ -275,5 +275,5 @@ def test_a_present_later_source_wins_without_contacting_the_hub(tmp_path, hub_en
     models_file = registry_file(tmp_path, tiny_bytes)
     models_file.write_text(models_file.read_text() + f"      - path: {local}\n")
 
-    assert resolve_model("tiny", models_file=models_file).path == local
+    assert resolve_model("hub-tiny", models_file=models_file).path == local
     assert hub.requests == []

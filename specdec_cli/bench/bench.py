@@ -116,13 +116,16 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> B
     pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
     fit_context(pair, request.hardware, _context_needed(pair.target, request))
     for name, path in request.extra_drafts.items():
-        drafter = load_drafter(pair.target, path, request.hardware, request.force_incompatible)
-        pair.alternates[name] = (drafter, None)
+        drafter, by_text = load_drafter(
+            pair.target, path, request.hardware, request.force_incompatible
+        )
+        pair.add_drafter(drafter, by_text, name)
     progress.stage("timing decodes")
-    pair.costs = measure_pair_costs(pair.target, pair.drafter)
+    pair.costs = measure_pair_costs(pair.target, pair.drafter, pair.drafts_by_text(pair.drafter))
     costs_fast = _fast_kernel_costs(pair) if request.hardware.exact else None
     for name, (drafter, _) in pair.alternates.items():
-        pair.alternates[name] = (drafter, measure_pair_costs(pair.target, drafter))
+        costs = measure_pair_costs(pair.target, drafter, pair.drafts_by_text(drafter))
+        pair.alternates[name] = (drafter, costs)
     for configuration in request.configurations:
         make_drafter(configuration, pair)  # an unusable configuration fails before measuring
     progress.stage("hashing model files")

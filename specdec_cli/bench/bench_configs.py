@@ -153,7 +153,8 @@ def make_drafter(
             f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
         )
     fresh = costs.fresh() if costs is not None else None  # each run learns on its own copy
-    built = build_drafter(configuration.drafter, pair.target, drafter, costs=fresh)
+    by_text = pair.drafts_by_text(drafter)
+    built = build_drafter(configuration.drafter, pair.target, drafter, fresh, by_text)
     use_history(built, history if configuration.history else None)
     return built
 

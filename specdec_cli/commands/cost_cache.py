@@ -35,7 +35,7 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions, kernels: str | None =
     cached = _cached_costs(read_json_cache(cache).get(key)) if key else None
     if cached is not None:
         return cached
-    costs = measure_pair_costs(pair.target, pair.drafter)
+    costs = measure_pair_costs(pair.target, pair.drafter, pair.drafts_by_text(pair.drafter))
     if key and costs.trusted:
         entry = _cost_entry(costs)
         costs.started_at = entry["measured_at"]  # a later entry is another process's

@@ -28,8 +28,8 @@ from .backend import Backend, Decoder
 from .drafters import (
     NO_MATCH,
     Draft,
-    DraftBuilder,
     Drafter,
+    GrowingDrafter,
     ModelDrafter,
     NgramDrafter,
     NgramMatch,
@@ -39,6 +39,7 @@ from .drafters import (
 )
 from .history import HistoryIndex
 from .sampling import SamplingSettings, TokenChooser
+from .text_drafter import TextDrafter
 
 # Every decode the engine times is a measurement: per batch size, the median of the most
 # recent ones is that size's cost (a median, so a decode slowed by something else running
@@ -262,16 +263,22 @@ def conservative_table(timings: ProbeTimings) -> dict[int, float]:
     return table
 
 
-def measure_costs(target: Decoder, drafter: Decoder | None, probe: Sequence[int]) -> CostModel:
+def measure_costs(
+    target: Decoder,
+    drafter: Decoder | None,
+    probe: Sequence[int],
+    drafter_probe: Sequence[int] | None = None,
+) -> CostModel:
     """Time the decodes that matter on this machine, on a throwaway probe text, and check
     the timings (see probe_problems). A probe that fails is taken again; if that fails too,
     the run starts from a conservative table built from both, marked untrusted (not to be
     cached) and healed by the run's own decodes."""
-    first = _probe(target, drafter, probe)
+    drafter_probe = probe if drafter_probe is None else drafter_probe
+    first = _probe(target, drafter, probe, drafter_probe)
     problems = probe_problems(first)
     if not problems:
         return _probed(first, "probe")
-    second = _probe(target, drafter, probe)
+    second = _probe(target, drafter, probe, drafter_probe)
     if not probe_problems(second):
         return _probed(second, "probe, second try")
     both = first.merged(second)
@@ -286,7 +293,9 @@ def _probed(timings: ProbeTimings, origin: str) -> CostModel:
     return CostModel(table, step, origin=origin)
 
 
-def _probe(target: Decoder, drafter: Decoder | None, probe: Sequence[int]) -> ProbeTimings:
+def _probe(
+    target: Decoder, drafter: Decoder | None, probe: Sequence[int], drafter_probe: Sequence[int]
+) -> ProbeTimings:
     context = list(probe[: len(probe) - max(MEASURED_SIZES)])
     room = min(target.n_ctx, len(probe)) - len(context)
     verify = {
@@ -294,7 +303,10 @@ def _probe(target: Decoder, drafter: Decoder | None, probe: Sequence[int]) -> Pr
         for n in MEASURED_SIZES
         if n <= room
     }
-    step = _decode_seconds(drafter, context, probe[len(context) :][:1]) if drafter else []
+    step = []
+    if drafter is not None:  # one step after about as much text as the target's context
+        cut = max(1, min(len(drafter_probe) - 1, len(context)))
+        step = _decode_seconds(drafter, drafter_probe[:cut], drafter_probe[cut : cut + 1])
     for backend in (target, drafter):
         if backend is not None:
             backend.truncate(0)
@@ -404,7 +416,7 @@ class AcceptanceModel:
         checked = min(len(draft.tokens), n_accepted + 1)  # tokens after a rejection are unseen
         for i in range(checked):
             hit = i < n_accepted
-            if draft.source == "model":
+            if draft.source in ("model", "text"):
                 self.for_confidence(draft.confidences[i]).update(hit)
                 if i == 0:
                     self.model_first.update(hit)
@@ -476,7 +488,12 @@ MODEL_PROBE_TOKENS = 4
 MIN_PROBE_MATCH = 3
 # A batch of tokens decoded to catch the drafter up costs about this fraction of as many
 # single steps (llama.cpp batches them into one decode).
-CATCH_UP_COST = 0.4  # shorter matches are mostly chance, in prose and code alike
+CATCH_UP_COST = 0.4
+# A catch-up is paid once and serves the model drafts of the rounds after it, so a round
+# is charged this share of it. Charged whole, the drafter's prefill of the prompt (100-300
+# tokens: 1.5-4.5 s for the 0.5B drafter on the AVX2 machine) outweighed any one round's
+# gain, and the planner never drafted with a model at all.
+CATCH_UP_ROUNDS = 8
 # Decode sizes the planner tries now and then even where the cost table calls them too
 # dear, so a table that overprices them (probed on a busy machine) is corrected instead of
 # locking drafting off. A try drafts n - 1 tokens from the best source at hand: the
@@ -498,7 +515,7 @@ class AdaptiveDrafter:
     second; a model draft grows only while its next token pays for itself."""
 
     costs: CostModel
-    model: ModelDrafter | None = None
+    model: GrowingDrafter | None = None
     ngram: NgramDrafter | None = None
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     margin: float = 1.02  # a plan must beat the target alone by this much
@@ -685,8 +702,8 @@ class AdaptiveDrafter:
         after rounds without model drafts it is behind by every token since."""
         if self.model is None:
             return 0.0
-        behind = len(context) - 1 - len(self.model.backend.cached)
-        return max(0, behind) * self.costs.draft_step * CATCH_UP_COST
+        behind = self.model.behind(context)
+        return behind * self.costs.draft_step * CATCH_UP_COST / CATCH_UP_ROUNDS
 
     def _model_draft(
         self,
@@ -698,23 +715,20 @@ class AdaptiveDrafter:
     ) -> Draft:
         model = self.model
         assert model is not None  # propose() plans model drafts only when there is a model
-        draft = DraftBuilder("model")
-        sequence = list(context)
         survive, expected = 1.0, 1.0  # P(all drafted so far kept); expected tokens emitted
-        for k in range(max_tokens):
-            dist, sure = model.next_distribution(sequence, sampling)
+
+        def worth_it(k: int, sure: float) -> bool:
+            """Keep the k-th token only if it raises the round's expected tokens per second."""
+            nonlocal survive, expected
             keep = survive * self.acceptance.for_confidence(sure).value
             spent = (k + 1) * self.costs.draft_step
-            # Keep this token only if it raises the round's expected tokens per second.
             with_it = (expected + keep) / (spent + self.costs.verify(k + 2))
             if k >= at_least and with_it <= expected / (spent + self.costs.verify(k + 1)):
-                break
-            token = draft.add(dist, sure, chooser, position=len(sequence))
+                return False
             survive, expected = keep, expected + keep
-            sequence.append(token)
-            if model.backend.is_end_of_generation(token):
-                break
-        return draft.build()
+            return True
+
+        return model.grow(context, max_tokens, sampling, chooser, worth_it)
 
 
 class DrafterMode(str, Enum):
@@ -750,23 +764,42 @@ _PROBE_TEXT = (
 
 
 def build_drafter(
-    mode: str, target: Backend, draft_model: Backend | None, costs: CostModel | None = None
+    mode: str,
+    target: Backend,
+    draft_model: Backend | None,
+    costs: CostModel | None = None,
+    by_text: bool = False,
 ) -> Drafter:
     """The drafter for a --drafter mode:
     fixed     the draft model, always --draft-max tokens (the classic loop);
     model     the draft model, lengths chosen each round from costs and confidence;
     ngram     prompt lookup only: no draft model needed;
-    combined  an n-gram match when one promises more, else the draft model, else neither."""
+    combined  an n-gram match when one promises more, else the draft model, else neither.
+    `by_text`: the draft model has another vocabulary and drafts by text (text_drafter)."""
     if mode not in DRAFTER_MODES:
         raise ValueError(f"unknown drafter mode {mode!r}")
     if mode == "fixed":
         if draft_model is None:
             raise ValueError("the fixed mode drafts with a draft model; none was given")
-        return ModelDrafter(draft_model)
-    model = ModelDrafter(draft_model) if draft_model is not None and mode != "ngram" else None
-    costs = costs or measure_pair_costs(target, model.backend if model else None)
+        return model_drafter(target, draft_model, by_text)
+    model = model_drafter(target, draft_model, by_text) if draft_model and mode != "ngram" else None
+    costs = costs or measure_pair_costs(target, draft_model if model else None, by_text)
     ngram = NgramDrafter() if mode in ("combined", "ngram") else None
     return AdaptiveDrafter(costs, model=model, ngram=ngram)
+
+
+def model_drafter(
+    target: Backend, draft_model: Backend, by_text: bool
+) -> ModelDrafter | TextDrafter:
+    if not by_text:
+        return ModelDrafter(draft_model)
+    return TextDrafter(draft_model, target, target_bos=_bos(target), drafter_bos=_bos(draft_model))
+
+
+def _bos(backend: Backend) -> int | None:
+    """The token a model starts each text with, if it adds one."""
+    info = backend.vocab_info()
+    return info.bos if info.add_bos and info.bos >= 0 else None
 
 
 def use_history(drafter: Drafter | None, history: HistoryIndex | None) -> None:
@@ -780,6 +813,13 @@ def costs_of(drafter: Drafter | None) -> CostModel | None:
     return drafter.costs if isinstance(drafter, AdaptiveDrafter) else None
 
 
-def measure_pair_costs(target: Backend, draft_model: Decoder | None) -> CostModel:
+def measure_pair_costs(
+    target: Backend, draft_model: Backend | None, by_text: bool = False
+) -> CostModel:
+    """Time the pair on the probe text; a drafter of another vocabulary (`by_text`) is
+    timed on its own tokens for it."""
     probe = target.tokenize(_PROBE_TEXT, add_special=True)
-    return measure_costs(target, draft_model, probe)
+    drafter_probe = (
+        draft_model.tokenize(_PROBE_TEXT, add_special=True) if by_text and draft_model else probe
+    )
+    return measure_costs(target, draft_model, probe, drafter_probe)

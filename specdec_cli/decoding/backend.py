@@ -80,6 +80,11 @@ class Backend(Decoder, Protocol):
         read special tokens written in the text (<|im_start|>) as themselves."""
         ...
 
+    def token_spelling(self, token: int) -> bytes:
+        """The token's text with control tokens spelled out (b"<|im_start|>"), where
+        token_bytes gives them no text: how a drafter of another vocabulary reads a prompt."""
+        ...
+
     def vocab_info(self) -> VocabInfo: ...
 
     def token_text(self, token: int) -> str:

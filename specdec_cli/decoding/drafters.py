@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +42,11 @@ class Outcome:
     includes_prompt: bool  # the first round also decoded the prompt: not a verify cost
 
 
+# Whether a model drafter should add its k-th draft token (0-based), given its confidence
+# in it: decided before the token is drawn (see ModelDrafter.grow).
+KeepGoing = Callable[[int, float], bool]
+
+
 @runtime_checkable
 class Drafter(Protocol):
     def propose(
@@ -60,6 +65,25 @@ class Drafter(Protocol):
         """A new answer starts after `prompt_length` tokens of context; `prediction` (often
         empty) is text the answer is expected to mostly repeat (Predicted Outputs)."""
         ...
+
+
+class GrowingDrafter(Protocol):
+    """A model drafter the adaptive planner grows token by token: ModelDrafter (the
+    target's vocabulary) or text_drafter.TextDrafter (another one, by text)."""
+
+    steps: int
+    step_seconds: list[float]  # plain steps timed since the planner last read them
+
+    def grow(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        chooser: TokenChooser,
+        keep_going: KeepGoing,
+    ) -> Draft: ...
+
+    def behind(self, context: Sequence[int]) -> int: ...
 
 
 @dataclass
@@ -95,19 +119,36 @@ class ModelDrafter:
         sampling: SamplingSettings,
         chooser: TokenChooser,
     ) -> Draft:
+        return self.grow(
+            context, max_tokens, sampling, chooser, lambda k, sure: sure >= self.min_confidence
+        )
+
+    def grow(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        chooser: TokenChooser,
+        keep_going: KeepGoing,
+    ) -> Draft:
+        """Up to `max_tokens` drafted tokens, while `keep_going(k, confidence)` says so."""
         draft = DraftBuilder("model")
         sequence = list(context)
-        for _ in range(max_tokens):
+        for k in range(max_tokens):
             dist, sure = self.next_distribution(sequence, sampling)
             # Decide before drawing: a stop that depends on the drawn token would bias the
             # drafts the exact rule sees, and answers would no longer follow the target.
-            if sure < self.min_confidence:
+            if not keep_going(k, sure):
                 break
             token = draft.add(dist, sure, chooser, position=len(sequence))
             sequence.append(token)
             if self.backend.is_end_of_generation(token):
                 break
         return draft.build()
+
+    def behind(self, context: Sequence[int]) -> int:
+        """How many tokens its cache lacks before it can draft after `context`."""
+        return max(0, len(context) - 1 - len(self.backend.cached))
 
     def observe(self, outcome: Outcome) -> None:
         pass

@@ -1,5 +1,6 @@
-"""Can this drafter draft for this target? The same checks as llama.cpp's
-`common_speculative_are_compatible` (common/speculative.cpp)."""
+"""Can this drafter draft for this target by token ids? The same checks as llama.cpp's
+`common_speculative_are_compatible` (common/speculative.cpp). A drafter that fails them
+drafts by text instead (decoding/text_drafter.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ MAX_VOCAB_SIZE_DIFFERENCE = 128
 _FIX = (
     "Pick a drafter of the same model family (`specdec models` shows which fit), or pass --force."
 )
+
+
+def vocabulary_difference(target: Backend, drafter: Backend) -> str | None:
+    """The first difference that keeps the drafter from drafting by token ids, if any."""
+    try:
+        check_compatible(target, drafter)
+    except IncompatibleModelsError as error:
+        return error.message
+    return None
 
 
 def check_compatible(target: Backend, drafter: Backend) -> None:

@@ -597,6 +597,8 @@ class ModelStatus:
     path: Path | None  # None when not downloaded
     vocab: str | None
     drafter_for: tuple[str, ...]  # larger registry models with the same vocabulary
+    # larger registry targets of another vocabulary, which it drafts for by text
+    text_drafter_for: tuple[str, ...] = ()
 
     @property
     def downloaded(self) -> bool:
@@ -609,6 +611,7 @@ class ModelStatus:
             downloaded=self.downloaded,
             aliases=list(self.aliases),
             drafter_for=list(self.drafter_for),
+            text_drafter_for=list(self.text_drafter_for),
         )
         return data
 
@@ -622,10 +625,15 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
 
 def _status(entry: ModelEntry, registry: Registry, vocab: dict, entries: list) -> ModelStatus:
     mine = vocab[entry.name]
-    targets = tuple(
+    larger = [other for other in entries if other.param_count > entry.param_count]
+    targets = tuple(other.name for other in larger if mine and vocab[other.name] == mine)
+    by_text = tuple(
         other.name
-        for other in entries
-        if mine and vocab[other.name] == mine and other.param_count > entry.param_count
+        for other in larger
+        if mine
+        and vocab[other.name] not in (None, mine)
+        and entry.role == "drafter"
+        and other.role == "target"
     )
     return ModelStatus(
         name=entry.name,
@@ -638,4 +646,5 @@ def _status(entry: ModelEntry, registry: Registry, vocab: dict, entries: list) -
         path=find_local(entry),
         vocab=mine,
         drafter_for=targets,
+        text_drafter_for=by_text,
     )

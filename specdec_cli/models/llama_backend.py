@@ -329,6 +329,7 @@ class LlamaBackend:
         self.tokens_decoded = 0
         self.decode_calls = 0
         self._pieces: dict[int, bytes] = {}
+        self._spellings: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._open_context(n_ctx)
 
@@ -536,10 +537,19 @@ class LlamaBackend:
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            buffer = ctypes.create_string_buffer(256)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, False)
-            piece = self._pieces[token] = buffer.raw[: max(n, 0)]
+            piece = self._pieces[token] = self._piece(token, special=False)
         return piece
+
+    def token_spelling(self, token: int) -> bytes:
+        spelling = self._spellings.get(token)
+        if spelling is None:
+            spelling = self._spellings[token] = self._piece(token, special=True)
+        return spelling
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buffer = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, special)
+        return buffer.raw[: max(n, 0)]
 
     def is_end_of_generation(self, token: int) -> bool:
         eog = self._eog.get(token)

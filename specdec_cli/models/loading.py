@@ -12,7 +12,7 @@ from ..decoding.adaptive import CostModel, build_drafter
 from ..decoding.backend import Backend
 from ..decoding.drafters import Drafter
 from ..decoding.history import HistoryFile, HistoryIndex
-from .compat import check_compatible
+from .compat import vocabulary_difference
 
 
 @dataclass
@@ -22,6 +22,20 @@ class ModelPair:
     costs: CostModel | None = None  # decode timings on this machine, once measured
     # More drafters to compare (bench): name -> (backend, its costs once measured)
     alternates: dict[str, tuple[Backend, CostModel | None]] = field(default_factory=dict)
+    # Drafters of another vocabulary than the target's: they draft by text (text_drafter).
+    text_drafters: list[Backend] = field(default_factory=list)
+
+    def drafts_by_text(self, drafter: Backend | None) -> bool:
+        return any(drafter is backend for backend in self.text_drafters)
+
+    def add_drafter(self, drafter: Backend, by_text: bool, name: str | None = None) -> None:
+        """The pair's drafter, or with `name` one more to compare (bench)."""
+        if name is None:
+            self.drafter = drafter
+        else:
+            self.alternates[name] = (drafter, None)
+        if by_text:
+            self.text_drafters.append(drafter)
 
     def backends(self) -> list[Backend]:
         others = [backend for backend, _ in self.alternates.values()]
@@ -81,7 +95,7 @@ def load_pair(
     pair = ModelPair(target, None)
     fit_context(pair, hardware, MIN_CONTEXT)  # only a model trained on less changes
     if draft_path is not None:
-        pair.drafter = load_drafter(target, draft_path, hardware, force_incompatible, loader)
+        pair.add_drafter(*load_drafter(target, draft_path, hardware, force_incompatible, loader))
     return pair
 
 
@@ -96,7 +110,8 @@ def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
     if request.drafter_mode == "none":
         return None
     costs = pair_costs(pair, request.hardware)
-    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs=costs)
+    by_text = pair.drafts_by_text(pair.drafter)
+    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs, by_text)
 
 
 MIN_CONTEXT = 1024
@@ -126,12 +141,13 @@ def load_drafter(
     hardware: HardwareOptions,
     force_incompatible: bool = False,
     loader: ModelLoader = load_with_llama_cpp,
-) -> Backend:
+) -> tuple[Backend, bool]:
+    """The drafter, and whether it drafts by text: its vocabulary is not the target's (and
+    `force_incompatible` does not ask for drafting by token ids all the same)."""
     # the drafter follows the target through the same text: the same context
     drafter = loader(draft_path, drafter=True, n_ctx=target.n_ctx, hardware=hardware)
-    if not force_incompatible:
-        check_compatible(target, drafter)
-    return drafter
+    by_text = not force_incompatible and vocabulary_difference(target, drafter) is not None
+    return drafter, by_text
 
 
 def load_history(folder: Path, target: Path) -> tuple[HistoryFile, HistoryIndex, int]:

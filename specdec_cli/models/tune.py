@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..commands.prompting import prompt_tokens
 from ..commands.request import HardwareOptions
-from ..decoding.drafters import ModelDrafter
+from ..decoding.adaptive import measure_pair_costs, model_drafter
 from ..decoding.engine import Generation, GenerationSettings
 from .fetch import ResolvedModel, models_dir, sha256_of
 from .loading import load_pair
@@ -53,7 +53,6 @@ def optimise_drafter(
 ) -> Optimisation:
     """Build, measure and record the requantised copy (in `models_file` when given, else in
     the user's models.yaml)."""
-    from ..decoding.adaptive import measure_pair_costs
     from .llama_backend import requantize
 
     name = f"{drafter.name}-{quant}"
@@ -64,7 +63,8 @@ def optimise_drafter(
     measured = []
     for path in (drafter.path, destination):
         pair = load_pair(target.path, path, hardware)
-        step = measure_pair_costs(pair.target, pair.drafter).draft_step
+        by_text = pair.drafts_by_text(pair.drafter)
+        step = measure_pair_costs(pair.target, pair.drafter, by_text).draft_step
         measured.append(DrafterMeasurement(path, 1000 * step, _acceptance(pair)))
         pair.close()
     _record(name, drafter, destination, quant, models_file)
@@ -78,7 +78,8 @@ def _acceptance(pair) -> float:
     for text in PROMPTS:
         pair.reset()
         prompt = prompt_tokens(pair.target, text, system=None, raw=False)
-        generation = Generation(pair.target, prompt, settings, ModelDrafter(pair.drafter))
+        drafter = model_drafter(pair.target, pair.drafter, pair.drafts_by_text(pair.drafter))
+        generation = Generation(pair.target, prompt, settings, drafter)
         finished = generation.run()
         drafted += finished.stats.drafted
         accepted += finished.stats.accepted
