@@ -30,7 +30,7 @@ from specdec_cli.decoding.adaptive import (
     measure_costs,
     probe_problems,
 )
-from specdec_cli.decoding.drafters import Draft, ModelDrafter, NgramDrafter, NgramMatch
+from specdec_cli.decoding.drafters import Draft, ModelDrafter, NgramDrafter, NgramMatch, Outcome
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.sampling import Distribution, GumbelChooser, SamplingSettings
 
@@ -326,6 +326,37 @@ def test_a_model_draft_stops_where_its_next_token_costs_more_than_it_brings():
     # Verifying 5 tokens costs twice as much as 4: a 4th draft token would not pay.
     draft = propose(confident_model_drafter({1: 1.0, 4: 1.0, 8: 5.0}), [1, 2, 3], max_tokens=6)
     assert draft.tokens == [4, 5, 6]
+
+
+def test_a_drafter_behind_by_a_whole_prompt_drafts_an_answer_with_room_left():
+    # Catching the drafter up on a 300-token prompt costs about 300 x 0.4 of its steps,
+    # once; shared by the rounds it serves, a draft pays (charged whole to one round, the
+    # planner never drafted with a model). With two tokens left, it does not pay.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    prompt = [t % N_VOCAB for t in range(300)]
+
+    def planner() -> AdaptiveDrafter:
+        model = ModelDrafter(FakeBackend(counting, N_VOCAB))
+        costs = CostModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0}, 0.1, learn=False)
+        return AdaptiveDrafter(costs, model=model)
+
+    assert propose(planner(), prompt, max_tokens=63).source == "model"
+    assert propose(planner(), prompt, max_tokens=2).source == "none"
+
+
+@pytest.mark.parametrize(("round_seconds", "still_drafts"), [(2.0, True), (20.0, False)])
+def test_model_drafts_whose_rounds_take_longer_than_planned_stop(round_seconds, still_drafts):
+    # Every draft is kept, but a round takes ten times what its plan priced (costs the
+    # plan does not see): the realised rate, not the plan, decides.
+    drafter = confident_model_drafter({1: 1.0, 2: 1.3, 4: 1.8, 8: 3.5})
+    sources = []
+    for _ in range(12):
+        draft = propose(drafter, [1, 2, 3])
+        sources.append(draft.source)
+        kept = len(draft.tokens)
+        drafter.observe(Outcome(draft, kept, round_seconds / 2, False, round_seconds / 2))
+    assert sources[0] == "model"
+    assert (sources[-1] == "model") == still_drafts
 
 
 # --- healing: every decode is a measurement ------------------------------------------------------

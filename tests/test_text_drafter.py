@@ -121,13 +121,13 @@ PROMPT_TEXT = b"<|im_start|>user\nwrite<|im_end|>\n<|im_start|>assistant\n"
 ANSWERS = {
     "prose": " the quick brown fox jumps over the lazy dog. the lazy dog.",
     "code": "def f(x):\n    return x + 1\n\ndef f(x):\n    return x + 1\n",
-    "utf8": " café costs 5€. café costs 5€. éé é",
+    "utf8": " café costs 5€. café costs 5€. éé é über über",
 }
 # Where the drafter's own answer parts from the target's.
 DRAFTER_ANSWERS = {
     "prose": " the quick brown fox jumps over the dog. the lazy dog.",
     "code": "def f(x):\n    return x + 2\n\ndef f(x):\n    return x + 1\n",
-    "utf8": " café costs 5€. cafè costs 5€. éé é",
+    "utf8": " café costs 5€. cafè costs 5€. éé é über über",
 }
 
 
@@ -203,13 +203,54 @@ def test_the_control_drafter_that_always_agrees_is_kept_whole():
     assert drafted.text == ANSWERS["code"]
 
 
-def test_whitespace_held_back_is_merged_by_the_drafter_and_not_proposed_twice():
-    # the drafter writes " " and "the" apart; the target's " the" is one token
-    target, drafter = make_pair(ANSWERS["prose"], ANSWERS["prose"])
+def test_whitespace_that_ends_the_text_is_held_back_for_the_drafter_to_merge():
+    # The target writes "\n    " as one token; the drafter spells indentation "   " + " return"
+    # (a BPE's way) and, like a model that only ever saw "    " at a line's end, writes
+    # nonsense after it. Held back, the four spaces are the drafter's to spell again.
+    answer = "def f(x):\n    return x + 1\n" * 3
+    target_vocab = vocabulary(pieces_of(TARGET_PIECES))
+    drafter_vocab = vocabulary(
+        pieces_of(["\n", "   ", "    ", " return", " x", " +", " 1", "def", " f(x):"])
+    )
+    line_end_spaces = next(t for t, p in drafter_vocab.items() if p == b"    ")
+    n_t, n_d = max(target_vocab) + 1, max(drafter_vocab) + 1
+    target = FakeBackend(
+        text_model(target_vocab, PROMPT_TEXT + answer.encode(), 0, n_t),
+        n_t,
+        n_ctx=2048,
+        end_of_generation={0},
+        pieces=target_vocab,
+        specials={0, 1},
+    )
+    # its first line differs, so the target's correction ends a round at "\n    "
+    drafter_answer = "def f(x): return x + 1\n" + "def f(x):\n    return x + 1\n" * 2
+    drafter_model = text_model(drafter_vocab, PROMPT_TEXT + drafter_answer.encode(), 0, n_d)
+
+    three_spaces = next(t for t, p in drafter_vocab.items() if p == b"   ")
+
+    def lost_after_line_end_spaces(prefix):
+        row = np.array(drafter_model(prefix))
+        if prefix and prefix[-1] == line_end_spaces:
+            row[:] = 0.0
+            row[2 + ord("z")] = 10.0
+        elif int(np.argmax(row)) == line_end_spaces:  # it writes "   " + " return" itself
+            row[:] = 0.0
+            row[three_spaces] = 10.0
+        return row
+
+    drafter = FakeBackend(
+        lost_after_line_end_spaces,
+        n_d,
+        end_of_generation={0},
+        pieces=drafter_vocab,
+        specials={0, 1},
+    )
     text = text_drafter(target, drafter)
     drafted = generate(target, text)
-    assert drafted.text == ANSWERS["prose"]
-    assert text.stream.spelling.endswith(ANSWERS["prose"].encode())
+    assert drafted.text == answer
+    # after the correction its next draft goes on right (without the hold-back, the
+    # drafter reads "    " as its own token and its next draft is rejected: 37 of 49 kept)
+    assert drafted.stats.accepted >= 0.85 * drafted.stats.drafted
 
 
 def test_the_prompts_control_tokens_are_read_as_the_drafters_own():

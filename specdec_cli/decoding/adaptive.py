@@ -351,6 +351,37 @@ class Rate:
         self.total = self.total * self.decay + 1.0
 
 
+# How far a model draft's realised tokens per second may be taken to differ from its plan's
+# in one round (a round that keeps everything, or nothing, is mostly luck), how much a
+# first guess of 1.0 weighs, in rounds, and how fast old rounds are forgotten.
+REALISM_LIMITS = (0.25, 2.0)
+REALISM_WEIGHT = 4.0
+REALISM_DECAY = 0.9
+
+
+@dataclass
+class Realism:
+    """Model drafts' realised tokens per second over what their plans expected, a running
+    mean that model plans are scaled by. A plan prices the drafter's steps and the
+    verification, but not all that a round costs (the drafter catching up after a
+    correction, held-back text, overheads) nor acceptance that its confidence misjudges:
+    SmolLM2 drafting by text for Qwen on prose kept drafting at 0.77x of the target alone
+    on the AVX2 machine before this factor; corrected by what rounds really gave, plans
+    that do not pay stop."""
+
+    total: float = REALISM_WEIGHT
+    weight: float = REALISM_WEIGHT
+
+    @property
+    def value(self) -> float:
+        return self.total / self.weight
+
+    def observe(self, ratio: float) -> None:
+        ratio = float(np.clip(ratio, *REALISM_LIMITS))
+        self.total = self.total * REALISM_DECAY + ratio
+        self.weight = self.weight * REALISM_DECAY + 1.0
+
+
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
 # N-gram matches are judged by their length, in these buckets (1, 2, 3, 4, 5-7, 8-11, 12+
 # tokens): a match of 12 or more is a copy in progress, one of a few tokens often a chance hit.
@@ -389,6 +420,11 @@ class AcceptanceModel:
     ngram_first: dict[int, Rate] = field(default_factory=dict)
     ngram_following: dict[int, Rate] = field(default_factory=dict)
     model_first: Rate = field(default_factory=lambda: Rate(0.6))
+    # Each later model draft token, given the one before. Prior: SmolLM2 drafting by text
+    # for the Qwen target kept 76% of them over the suite (one prompt per category, 96
+    # tokens each, greedy); a by-confidence bucket's rate (0.92) had planned drafts that
+    # lost on prose.
+    model_following: Rate = field(default_factory=lambda: Rate(0.75))
     prediction_first: dict[int, Rate] = field(default_factory=dict)
     prediction_next: Rate = field(default_factory=lambda: Rate(0.95))
     history_first: dict[int, Rate] = field(default_factory=dict)
@@ -418,8 +454,7 @@ class AcceptanceModel:
             hit = i < n_accepted
             if draft.source in ("model", "text"):
                 self.for_confidence(draft.confidences[i]).update(hit)
-                if i == 0:
-                    self.model_first.update(hit)
+                (self.model_first if i == 0 else self.model_following).update(hit)
             elif draft.source == "ngram":
                 length = draft.match_length
                 (self.for_ngram(length) if i == 0 else self.ngram_next(length)).update(hit)
@@ -490,10 +525,11 @@ MIN_PROBE_MATCH = 3
 # single steps (llama.cpp batches them into one decode).
 CATCH_UP_COST = 0.4
 # A catch-up is paid once and serves the model drafts of the rounds after it, so a round
-# is charged this share of it. Charged whole, the drafter's prefill of the prompt (100-300
-# tokens: 1.5-4.5 s for the 0.5B drafter on the AVX2 machine) outweighed any one round's
-# gain, and the planner never drafted with a model at all.
-CATCH_UP_ROUNDS = 8
+# is charged its share: over the rounds the answer may have left, at about two tokens a
+# round, at most this many. Charged whole, the drafter's prefill of the prompt (90 tokens:
+# 0.45 s for SmolLM2, 1.4 s for the 0.5B drafter on the AVX2 machine) outweighed any one
+# round's gain, and the planner drafted with a model only when a probe forced it.
+CATCH_UP_ROUNDS = 32
 # Decode sizes the planner tries now and then even where the cost table calls them too
 # dear, so a table that overprices them (probed on a busy machine) is corrected instead of
 # locking drafting off. A try drafts n - 1 tokens from the best source at hand: the
@@ -525,7 +561,10 @@ class AdaptiveDrafter:
     prediction: PredictionIndex | None = None  # this answer's Predicted Outputs, if any
     history: HistoryIndex | None = None  # earlier prompts and answers (history.py), if kept
     prompt_length: int = 0
+    # Model drafts' realised tokens per second over what their plans expected (see Realism).
+    model_realism: Realism = field(default_factory=lambda: Realism())
     _exploring: tuple[int, float] | None = field(default=None, init=False, repr=False)
+    _model_plan: float = field(default=0.0, init=False, repr=False)  # the last one's rate
 
     def propose(
         self,
@@ -542,8 +581,9 @@ class AdaptiveDrafter:
         if explored is not None:
             return explored
         plain_rate = 1.0 / self.costs.verify(1)
-        catch_up = self._catch_up_seconds(context)
-        model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
+        catch_up = self._catch_up_seconds(context, max_tokens)
+        planned_model_rate = self._model_rate(max_tokens, *self._model_acceptance(), catch_up)
+        model_rate = planned_model_rate * self.model_realism.value
         best_other = max(model_rate, ngram_rate, history_rate, plain_rate * self.margin)
         if self.prediction is not None and k_predicted and prediction_rate >= best_other:
             return self.prediction.take(predicted, k_predicted)
@@ -559,6 +599,7 @@ class AdaptiveDrafter:
             self.ngram_probes.skipped()
         if self.model is None:
             return Draft.empty()
+        self._model_plan = planned_model_rate
         if model_rate > plain_rate * self.margin:
             self.model_probes.paid()
             return self._model_draft(context, max_tokens, sampling, chooser)
@@ -582,6 +623,11 @@ class AdaptiveDrafter:
     def observe(self, outcome: Outcome) -> None:
         draft = outcome.draft
         self.acceptance.learn(draft, outcome.n_accepted)
+        if draft.source in ("model", "text") and self._model_plan > 0 and draft.tokens:
+            seconds = outcome.draft_seconds + outcome.verify_seconds
+            if seconds > 0 and not outcome.includes_prompt:
+                self.model_realism.observe((outcome.n_accepted + 1) / seconds / self._model_plan)
+        self._model_plan = 0.0
         if not outcome.includes_prompt:
             self.costs.observe_verify(len(draft.tokens) + 1, outcome.verify_seconds)
         if self._exploring is not None:
@@ -687,7 +733,7 @@ class AdaptiveDrafter:
         return match, *self._best_length(*rates, len(match.tokens), 0.0)
 
     def _model_acceptance(self) -> tuple[float, float]:
-        return self.acceptance.model_first.value, self.acceptance.by_confidence[-2].value
+        return self.acceptance.model_first.value, self.acceptance.model_following.value
 
     def _model_rate(
         self, max_tokens: int, first: float, following: float, catch_up: float
@@ -695,15 +741,16 @@ class AdaptiveDrafter:
         if self.model is None:
             return 0.0
         step = self.costs.draft_step
-        return self._best_length(first, following, max_tokens, step, catch_up)[1]
+        # One step more than the draft's tokens: the one whose token ends the draft.
+        return self._best_length(first, following, max_tokens, step, catch_up + step)[1]
 
-    def _catch_up_seconds(self, context: Sequence[int]) -> float:
-        """What bringing the drafter's cache up to the text would cost before it can draft:
-        after rounds without model drafts it is behind by every token since."""
+    def _catch_up_seconds(self, context: Sequence[int], max_tokens: int) -> float:
+        """A round's share of bringing the drafter's cache up to the text before it can
+        draft (after rounds without model drafts it is behind by every token since)."""
         if self.model is None:
             return 0.0
-        behind = self.model.behind(context)
-        return behind * self.costs.draft_step * CATCH_UP_COST / CATCH_UP_ROUNDS
+        rounds = max(1, min(CATCH_UP_ROUNDS, max_tokens // 2))
+        return self.model.behind(context) * self.costs.draft_step * CATCH_UP_COST / rounds
 
     def _model_draft(
         self,
@@ -722,7 +769,8 @@ class AdaptiveDrafter:
             nonlocal survive, expected
             keep = survive * self.acceptance.for_confidence(sure).value
             spent = (k + 1) * self.costs.draft_step
-            with_it = (expected + keep) / (spent + self.costs.verify(k + 2))
+            # With it, one more step (the one that decides after it), and one more row.
+            with_it = (expected + keep) / (spent + self.costs.draft_step + self.costs.verify(k + 2))
             if k >= at_least and with_it <= expected / (spent + self.costs.verify(k + 1)):
                 return False
             survive, expected = keep, expected + keep

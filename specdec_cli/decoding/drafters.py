@@ -40,6 +40,7 @@ class Outcome:
     n_accepted: int
     verify_seconds: float
     includes_prompt: bool  # the first round also decoded the prompt: not a verify cost
+    draft_seconds: float = 0.0  # what proposing it took
 
 
 # Whether a model drafter should add its k-th draft token (0-based), given its confidence
