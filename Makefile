@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-pyth
 # The main job on the default pair, installing first whatever is missing. The prompt travels
 # in the environment, so quotes in it need no escaping; stdin is not read.
 run: install
-	$(VENV)/bin/specdec run --draft small --target large -- "$$PROMPT" </dev/null
+	$(VENV)/bin/specdec run --draft tiny --target large -- "$$PROMPT" </dev/null
 
 # Rebuild llama.cpp after changing flags (e.g. SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on").
 rebuild-llama: install
@@ -55,7 +55,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 bench: install
-	$(VENV)/bin/specdec bench --draft small --target large --per-category 1 --repeats 1 \
+	$(VENV)/bin/specdec bench --draft tiny,small --target large --per-category 1 --repeats 1 \
 		--drafter oracle,combined --max-tokens 64 --json bench.json --markdown bench.md
 
 clean:

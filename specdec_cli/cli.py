@@ -259,8 +259,8 @@ def resolve_models(
 ) -> tuple[Path, Path | None]:
     """Registry names, aliases or paths -> local files (pulled first when missing).
 
-    No --target means the default target; no --draft means the smallest compatible drafter
-    in the registry, when the drafting mode needs a draft model at all."""
+    Neither means the registry's default pair; --target alone, the smallest drafter in the
+    registry that shares its vocabulary (when the drafting mode needs a draft model)."""
     from . import render_fetch
     from .decoding.adaptive import NEEDS_DRAFT_MODEL
     from .models import fetch
@@ -270,6 +270,8 @@ def resolve_models(
     resolved = resolve(target or DEFAULT_TARGET)
     if mode not in NEEDS_DRAFT_MODEL:
         return resolved.path, None
+    if not draft and not target:
+        draft = fetch.load_registry(models).default_draft
     if draft:
         return resolved.path, resolve(draft).path
     picked = fetch.pick_drafter(resolved, models_file=models, offline=offline, progress=progress)

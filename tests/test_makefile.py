@@ -46,7 +46,7 @@ def test_make_run_answers_the_default_prompt_with_the_default_pair(tmp_path):
     assert printed == [
         "run",
         "--draft",
-        "small",
+        "tiny",
         "--target",
         "large",
         "--",

