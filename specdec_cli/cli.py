@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 
 from . import render
-from .commands.request import DecodeRequest, HardwareOptions
 from .decoding.adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
 from .decoding.engine import SamplingRule
 from .decoding.history import DEFAULT_HISTORY_TOKENS
@@ -21,6 +20,7 @@ from .decoding.sampling import SamplingSettings
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .models import rpc
 from .network import is_loopback
+from .request import DecodeRequest, HardwareOptions
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -501,8 +501,8 @@ def pull(
 
 def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) -> None:
     from . import render_fetch
+    from .commands.tune import optimise_drafter
     from .models import fetch
-    from .models.tune import optimise_drafter
 
     drafters = [m for m in pulled if m.entry is not None and m.entry.role == "drafter"]
     if not drafters:

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from specdec_cli.commands.request import DecodeRequest, HardwareOptions
 from specdec_cli.decoding.backend import VocabInfo, kept_prefix
 from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter, Outcome
 from specdec_cli.decoding.sampling import Distribution, SamplingSettings, TokenChooser
 from specdec_cli.errors import ModelFileError
+from specdec_cli.request import DecodeRequest, HardwareOptions
 
 LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
 

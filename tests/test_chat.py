@@ -15,12 +15,12 @@ from specdec_cli.commands.chat import (
     parse_command,
     user_text,
 )
-from specdec_cli.commands.request import HardwareOptions
 from specdec_cli.decoding.backend import encode_chat, encode_template_text
 from specdec_cli.decoding.engine import Finished, GenerationSettings, Piece
 from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError
 from specdec_cli.models import llama_backend
 from specdec_cli.models.loading import load_pair
+from specdec_cli.request import HardwareOptions
 
 FIRST = "hello there"
 SECOND = "how are you today"

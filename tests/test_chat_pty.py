@@ -22,11 +22,11 @@ import time
 import pytest
 
 from specdec_cli.commands.chat import ChatSession
-from specdec_cli.commands.request import HardwareOptions
 from specdec_cli.decoding.backend import encode_template_text
 from specdec_cli.decoding.engine import GenerationSettings, Piece, TokenKind
 from specdec_cli.models.llama_backend import PROMPT_CHUNK
 from specdec_cli.models.loading import load_pair
+from specdec_cli.request import HardwareOptions
 
 SPECDEC = [sys.executable, "-m", "specdec_cli"]  # works without the console script
 TIMEOUT = 20.0

@@ -54,10 +54,11 @@ def timings_pass_their_checks(monkeypatch):
     table is rightly neither cached nor written back (test_adaptive tests the checks). The
     tests that follow a table into the cache take every table as trusted instead, so they
     do not depend on what else runs (they failed while a download hashed on the other core)."""
+    from specdec_cli.commands import cost_cache
     from specdec_cli.decoding import adaptive
 
     monkeypatch.setattr(adaptive, "probe_problems", lambda timings: [])
-    monkeypatch.setattr(adaptive, "table_problems", lambda table: [])
+    monkeypatch.setattr(cost_cache, "table_problems", lambda table: [])
 
 
 @pytest.mark.usefixtures("timings_pass_their_checks")

@@ -17,9 +17,9 @@ from fakes import (
 )
 
 from specdec_cli.commands.cost_cache import costs_cache, costs_key, pair_costs, remember_costs
-from specdec_cli.commands.request import HardwareOptions
 from specdec_cli.json_cache import read_json_cache, write_json_cache
 from specdec_cli.models.loading import MIN_CONTEXT, ModelPair, context_size, fit_context
+from specdec_cli.request import HardwareOptions
 
 
 @pytest.mark.parametrize(

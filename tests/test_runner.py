@@ -12,11 +12,11 @@ import numpy as np
 from fakes import FakeBackend, decode_request, table_model
 
 from specdec_cli.commands.chat_loop import ChatRequest, run_chat
-from specdec_cli.commands.request import HardwareOptions
 from specdec_cli.commands.runner import RunRequest, run_once
 from specdec_cli.decoding.comparison import compare_outputs
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.errors import EXIT_INTERRUPTED
+from specdec_cli.request import HardwareOptions
 
 END = 26  # spells nothing; 'a'..'z' before it, every other byte after it (cost probes
 # tokenise code and prose)

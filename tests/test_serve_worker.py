@@ -8,11 +8,11 @@ import asyncio
 import jinja2
 import pytest
 
-from specdec_cli.commands.request import HardwareOptions
 from specdec_cli.decoding.adaptive import CostModel, build_drafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
 from specdec_cli.models.loading import load_pair
+from specdec_cli.request import HardwareOptions
 from specdec_cli.serve import serve_worker
 from specdec_cli.serve.serve_protocol import Answer
 from specdec_cli.serve.serve_worker import (

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Protocol
 
 from ..commands.prompting import check_prompt_fits, prediction_tokens
-from ..commands.request import HardwareOptions
 from ..decoding.adaptive import (
     CostModel,
     costs_of,
@@ -38,6 +37,7 @@ from ..decoding.history import HistoryIndex
 from ..decoding.sampling import SamplingSettings
 from ..errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from ..models.loading import ModelPair, fit_context, load_drafter, load_pair
+from ..request import HardwareOptions
 from .bench_configs import (
     EXACT_ALONE,
     ORACLE,

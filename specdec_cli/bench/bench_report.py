@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..commands.request import HardwareOptions
 from ..decoding.backend import Backend
 from ..decoding.comparison import Comparison
 from ..decoding.engine import (
@@ -23,6 +22,7 @@ from ..decoding.engine import (
     GenerationStats,
 )
 from ..errors import BadUsageError
+from ..request import HardwareOptions
 from .bench_configs import INSTRUMENTS, ORACLE, TARGET_ALONE, Configuration
 from .bench_prompts import BenchPrompt
 

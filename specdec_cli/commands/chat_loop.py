@@ -17,15 +17,14 @@ from ..errors import SpecdecError
 from ..models.loading import (
     CHAT_CONTEXT,
     ModelLoader,
-    drafter_for,
     fit_context,
-    load_history,
     load_models,
     load_with_llama_cpp,
 )
+from ..request import DecodeRequest
 from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
 from .cost_cache import remember_costs
-from .request import DecodeRequest
+from .drafting import drafter_for, load_history
 
 
 @dataclass(frozen=True)

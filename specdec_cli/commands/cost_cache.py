@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..decoding.adaptive import CostModel
+from ..decoding.adaptive import CostModel, measure_pair_costs, table_problems
 from ..json_cache import read_json_cache, update_json_cache
+from ..models.loading import ModelPair
 from ..paths import cache_dir
-from .request import HardwareOptions
-
-if TYPE_CHECKING:
-    from ..models.loading import ModelPair  # which imports this module
+from ..request import HardwareOptions
 
 COSTS_MAX_AGE_SECONDS = 24 * 3600
 # A run writes back what it learned only after this many timed decodes: fewer say little.
@@ -28,8 +25,6 @@ def pair_costs(pair: ModelPair, hardware: HardwareOptions, kernels: str | None =
     day since that run), else probed (a few seconds). A probe is cached only if it passes
     its checks (adaptive.probe_problems); either way the run corrects its own copy with
     every decode, and `remember_costs` writes the corrected table back."""
-    from ..decoding.adaptive import measure_pair_costs
-
     cache = costs_cache()
     key = costs_key(pair, hardware, kernels)
     cached = _cached_costs(read_json_cache(cache).get(key)) if key else None
@@ -50,8 +45,6 @@ def remember_costs(
     Merged under the cache's lock: another process's keys stay, and if it wrote this key
     since this run read it, each cost is the mean of both (both measured this machine now).
     A table that fails the shape checks, or a run that timed few decodes, is not written."""
-    from ..decoding.adaptive import table_problems
-
     key = costs_key(pair, hardware, kernels)
     if not key or not costs.learn or costs.decodes_observed < COSTS_MIN_DECODES:
         return

@@ -28,7 +28,7 @@ from ..json_cache import replacing
 
 if TYPE_CHECKING:
     from ..models.loading import ModelPair
-    from .request import HardwareOptions
+    from ..request import HardwareOptions
 
 FORMAT = "specdec.prompt-cache/1"
 # A cached prefix shorter than this is not worth reading a file for.

@@ -19,16 +19,15 @@ from ..errors import EXIT_INTERRUPTED
 from ..models.loading import (
     ModelLoader,
     ModelPair,
-    drafter_for,
     fit_context,
-    load_history,
     load_models,
     load_with_llama_cpp,
 )
+from ..request import DecodeRequest
 from .cost_cache import remember_costs
+from .drafting import drafter_for, load_history
 from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
 from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
-from .request import DecodeRequest
 
 if TYPE_CHECKING:
     from rich.console import Console

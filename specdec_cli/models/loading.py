@@ -6,12 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..commands.cost_cache import pair_costs
-from ..commands.request import DecodeRequest, HardwareOptions
-from ..decoding.adaptive import CostModel, build_drafter
+from ..decoding.adaptive import CostModel
 from ..decoding.backend import Backend
-from ..decoding.drafters import Drafter
-from ..decoding.history import HistoryFile, HistoryIndex
+from ..request import DecodeRequest, HardwareOptions
 from .compat import vocabulary_difference
 
 
@@ -105,15 +102,6 @@ def load_models(request: DecodeRequest, loader: ModelLoader = load_with_llama_cp
     )
 
 
-def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
-    """The drafter the request's mode asks for, timed on this machine."""
-    if request.drafter_mode == "none":
-        return None
-    costs = pair_costs(pair, request.hardware)
-    by_text = pair.drafts_by_text(pair.drafter)
-    return build_drafter(request.drafter_mode, pair.target, pair.drafter, costs, by_text)
-
-
 MIN_CONTEXT = 1024
 CHAT_CONTEXT = 4096  # a conversation grows: room for several exchanges
 CONTEXT_STEP = 256  # llama.cpp pads contexts to this
@@ -148,13 +136,3 @@ def load_drafter(
     drafter = loader(draft_path, drafter=True, n_ctx=target.n_ctx, hardware=hardware)
     by_text = not force_incompatible and vocabulary_difference(target, drafter) is not None
     return drafter, by_text
-
-
-def load_history(folder: Path, target: Path) -> tuple[HistoryFile, HistoryIndex, int]:
-    """The --history file for a target (one per vocabulary, see HistoryFile), its index, and
-    how many damaged lines were skipped."""
-    from .fetch import FINGERPRINT_CHARS, fingerprints
-
-    file = HistoryFile(folder, fingerprints().fingerprint(target)[:FINGERPRINT_CHARS])
-    index, damaged = file.load()
-    return file, index, damaged

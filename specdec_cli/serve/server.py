@@ -24,13 +24,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import render
 from ..commands.cost_cache import remember_costs
-from ..commands.request import DecodeRequest
+from ..commands.drafting import drafter_for
 from ..decoding.adaptive import costs_of
 from ..decoding.engine import GenerationSettings
 from ..decoding.history import DEFAULT_HISTORY_TOKENS
 from ..errors import SpecdecError
-from ..models.loading import drafter_for, fit_context, load_models
+from ..models.loading import fit_context, load_models
 from ..network import is_loopback
+from ..request import DecodeRequest
 from . import render_serve
 from .render_serve import RequestLog, RequestRecord
 from .serve_protocol import (

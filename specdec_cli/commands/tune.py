@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..commands.prompting import prompt_tokens
-from ..commands.request import HardwareOptions
 from ..decoding.adaptive import measure_pair_costs, model_drafter
 from ..decoding.engine import Generation, GenerationSettings
-from .fetch import ResolvedModel, models_dir, sha256_of
-from .loading import load_pair
-from .registry import load_registry, record_user_model
+from ..models.fetch import ResolvedModel, models_dir, sha256_of
+from ..models.loading import load_pair
+from ..models.registry import load_registry, record_user_model
+from ..request import HardwareOptions
+from .prompting import prompt_tokens
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -53,7 +53,7 @@ def optimise_drafter(
 ) -> Optimisation:
     """Build, measure and record the requantised copy (in `models_file` when given, else in
     the user's models.yaml)."""
-    from .llama_backend import requantize
+    from ..models.llama_backend import requantize
 
     name = f"{drafter.name}-{quant}"
     destination = models_dir() / f"{name}.gguf"
