@@ -104,11 +104,7 @@ class ModelDrafter:
         self, sequence: Sequence[int], sampling: SamplingSettings
     ) -> tuple[Distribution, float]:
         """The drafter's distribution for the token after `sequence`, and its confidence."""
-        began = time.perf_counter()
-        catch_up = len(sequence) - len(self.backend.cached)
-        row = logits_for_suffix(self.backend, sequence, 1)[0]
-        if catch_up == 1:  # a plain step: a fair sample of what a draft token costs
-            self.step_seconds.append(time.perf_counter() - began)
+        row = step_logits(self.backend, sequence, self.step_seconds)
         self.steps += 1
         dist = distribution(row, sampling)
         return dist, confidence(row, dist, sampling)
@@ -156,6 +152,17 @@ class ModelDrafter:
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         pass
+
+
+def step_logits(backend: Decoder, sequence: Sequence[int], timings: list[float]) -> np.ndarray:
+    """One drafter step: its logits for the token after `sequence`. The time of a plain
+    step (one new token) joins `timings`: a fair sample of what a draft token costs."""
+    began = time.perf_counter()
+    catch_up = len(sequence) - len(backend.cached)
+    row = logits_for_suffix(backend, sequence, 1)[0]
+    if catch_up == 1:
+        timings.append(time.perf_counter() - began)
+    return row
 
 
 class DraftBuilder:

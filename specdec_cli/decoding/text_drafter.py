@@ -14,15 +14,14 @@ cache with them), the rest of the text is tokenised again and decoded in one bat
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .backend import Decoder, logits_for_suffix
-from .drafters import Draft, KeepGoing, Outcome
+from .backend import Decoder
+from .drafters import Draft, KeepGoing, Outcome, step_logits
 from .sampling import Distribution, SamplingSettings, TokenChooser
 
 # When the drafter's context is full, it starts again from the most recent text, about
@@ -306,13 +305,8 @@ class TextDrafter:
         return proposed, None
 
     def _step(self, sequence: Sequence[int]) -> np.ndarray:
-        began = time.perf_counter()
-        catch_up = len(sequence) - len(self.model.cached)
-        row = logits_for_suffix(self.model, sequence, 1)[0]
-        if catch_up == 1:  # a plain step: a fair sample of what a draft token costs
-            self.step_seconds.append(time.perf_counter() - began)
         self.steps += 1
-        return row
+        return step_logits(self.model, sequence, self.step_seconds)
 
     def _as_target_draft(
         self, proposed: list[tuple[bytes, float]], following: bytes | None, max_tokens: int
