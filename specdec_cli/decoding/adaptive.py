@@ -26,6 +26,7 @@ import numpy as np
 
 from .backend import Backend, Decoder
 from .drafters import (
+    MODEL_SOURCES,
     NO_MATCH,
     Draft,
     Drafter,
@@ -331,7 +332,8 @@ def _decode_seconds(
 @dataclass
 class Rate:
     """A success rate learned online, starting from a prior worth `weight` observations and
-    forgetting slowly, so it follows the text as it changes."""
+    forgetting slowly, so it follows the text as it changes (or, with `observe`, a running
+    mean of any measured value)."""
 
     prior: float
     weight: float = 4.0
@@ -347,39 +349,29 @@ class Rate:
         return self.hits / self.total
 
     def update(self, hit: bool) -> None:
-        self.hits = self.hits * self.decay + float(hit)
+        self.observe(float(hit))
+
+    def observe(self, value: float) -> None:
+        self.hits = self.hits * self.decay + value
         self.total = self.total * self.decay + 1.0
 
 
-# How far a model draft's realised tokens per second may be taken to differ from its plan's
-# in one round (a round that keeps everything, or nothing, is mostly luck), how much a
-# first guess of 1.0 weighs, in rounds, and how fast old rounds are forgotten.
+# Model drafts' realised tokens per second over what their plans expected, a running mean
+# (a Rate of ratios) that model plans are scaled by. A plan prices the drafter's steps and
+# the verification, but not all that a round costs (the drafter catching up after a
+# correction, held-back text, overheads) nor acceptance that its confidence misjudges:
+# SmolLM2 drafting by text for Qwen on prose kept drafting at 0.77x of the target alone on
+# the AVX2 machine before this factor; corrected by what rounds really gave, plans that do
+# not pay stop. One round's ratio is taken within these limits (a round that keeps
+# everything, or nothing, is mostly luck); the first guess, 1.0, weighs REALISM_WEIGHT
+# rounds, and old rounds are forgotten at REALISM_DECAY.
 REALISM_LIMITS = (0.25, 2.0)
 REALISM_WEIGHT = 4.0
 REALISM_DECAY = 0.9
 
 
-@dataclass
-class Realism:
-    """Model drafts' realised tokens per second over what their plans expected, a running
-    mean that model plans are scaled by. A plan prices the drafter's steps and the
-    verification, but not all that a round costs (the drafter catching up after a
-    correction, held-back text, overheads) nor acceptance that its confidence misjudges:
-    SmolLM2 drafting by text for Qwen on prose kept drafting at 0.77x of the target alone
-    on the AVX2 machine before this factor; corrected by what rounds really gave, plans
-    that do not pay stop."""
-
-    total: float = REALISM_WEIGHT
-    weight: float = REALISM_WEIGHT
-
-    @property
-    def value(self) -> float:
-        return self.total / self.weight
-
-    def observe(self, ratio: float) -> None:
-        ratio = float(np.clip(ratio, *REALISM_LIMITS))
-        self.total = self.total * REALISM_DECAY + ratio
-        self.weight = self.weight * REALISM_DECAY + 1.0
+def realism() -> Rate:
+    return Rate(1.0, REALISM_WEIGHT, REALISM_DECAY)
 
 
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -452,7 +444,7 @@ class AcceptanceModel:
         checked = min(len(draft.tokens), n_accepted + 1)  # tokens after a rejection are unseen
         for i in range(checked):
             hit = i < n_accepted
-            if draft.source in ("model", "text"):
+            if draft.source in MODEL_SOURCES:
                 self.for_confidence(draft.confidences[i]).update(hit)
                 (self.model_first if i == 0 else self.model_following).update(hit)
             elif draft.source == "ngram":
@@ -561,8 +553,8 @@ class AdaptiveDrafter:
     prediction: PredictionIndex | None = None  # this answer's Predicted Outputs, if any
     history: HistoryIndex | None = None  # earlier prompts and answers (history.py), if kept
     prompt_length: int = 0
-    # Model drafts' realised tokens per second over what their plans expected (see Realism).
-    model_realism: Realism = field(default_factory=lambda: Realism())
+    # Model drafts' realised tokens per second over what their plans expected (see realism).
+    model_realism: Rate = field(default_factory=realism)
     _exploring: tuple[int, float] | None = field(default=None, init=False, repr=False)
     _model_plan: float = field(default=0.0, init=False, repr=False)  # the last one's rate
 
@@ -623,10 +615,11 @@ class AdaptiveDrafter:
     def observe(self, outcome: Outcome) -> None:
         draft = outcome.draft
         self.acceptance.learn(draft, outcome.n_accepted)
-        if draft.source in ("model", "text") and self._model_plan > 0 and draft.tokens:
+        if draft.source in MODEL_SOURCES and self._model_plan > 0 and draft.tokens:
             seconds = outcome.draft_seconds + outcome.verify_seconds
             if seconds > 0 and not outcome.includes_prompt:
-                self.model_realism.observe((outcome.n_accepted + 1) / seconds / self._model_plan)
+                ratio = (outcome.n_accepted + 1) / seconds / self._model_plan
+                self.model_realism.observe(float(np.clip(ratio, *REALISM_LIMITS)))
         self._model_plan = 0.0
         if not outcome.includes_prompt:
             self.costs.observe_verify(len(draft.tokens) + 1, outcome.verify_seconds)

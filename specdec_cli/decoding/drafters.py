@@ -43,6 +43,9 @@ class Outcome:
     draft_seconds: float = 0.0  # what proposing it took
 
 
+# The draft sources a model drafter gives: by token ids, and by text (text_drafter).
+MODEL_SOURCES = ("model", "text")
+
 # Whether a model drafter should add its k-th draft token (0-based), given its confidence
 # in it: decided before the token is drawn (see ModelDrafter.grow).
 KeepGoing = Callable[[int, float], bool]
@@ -187,8 +190,11 @@ class DraftBuilder:
 
 def confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) -> float:
     """The drafter's probability for its likeliest token (raw softmax when greedy)."""
-    if not sampling.greedy:
-        return float(dist.probs[0])
+    return float(dist.probs[0]) if not sampling.greedy else top_probability(row)
+
+
+def top_probability(row: np.ndarray) -> float:
+    """The raw softmax probability of a row's likeliest token."""
     shifted = np.exp(row - row.max())
     return float(1.0 / shifted.sum())
 

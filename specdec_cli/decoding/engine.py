@@ -313,9 +313,7 @@ class Generation:
             verdict, verify_seconds = self._verify(draft)
             if self.drafter is not None:
                 self.drafter.observe(
-                    Outcome(
-                        draft, verdict.n_accepted, verify_seconds, first_round, draft_seconds
-                    )
+                    Outcome(draft, verdict.n_accepted, verify_seconds, first_round, draft_seconds)
                 )
             accepted = draft.tokens[: verdict.n_accepted]
             round_ = Round(

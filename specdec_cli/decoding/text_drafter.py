@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .backend import Decoder
-from .drafters import Draft, KeepGoing, Outcome, step_logits
+from .drafters import Draft, KeepGoing, Outcome, step_logits, top_probability
 from .sampling import Distribution, SamplingSettings, TokenChooser
 
 # When the drafter's context is full, it starts again from the most recent text, about
@@ -148,10 +148,6 @@ class TextDrafter:
     def __post_init__(self) -> None:
         self.text = TargetText(self.target, self.target_bos)
 
-    @property
-    def backend(self) -> Decoder:
-        return self.model
-
     # -- the Drafter protocol --------------------------------------------------------------
 
     def propose(
@@ -204,6 +200,8 @@ class TextDrafter:
         data = self.text.data
         if not data or utf8_complete(data) < len(data):
             return None  # the target's next token finishes a character: nothing to propose
+        if not self.stream.tokens and not self.stream.base:
+            self._restart(0)  # the first text: the stream starts with the drafter's BOS
         keep = self._kept_tokens()
         if self._full(keep, max_tokens):
             self._restart(self._recent_start())
@@ -217,8 +215,6 @@ class TextDrafter:
     def _kept_tokens(self) -> int:
         """How many stream tokens still spell a prefix of the text, ending where the text
         has a character boundary (its re-tokenised rest must start at one)."""
-        if not self.stream.tokens and self.stream.base == 0:
-            self._restart(0)
         stream, data = self.stream, self.text.data
         text = np.frombuffer(bytes(data[stream.base :]), dtype=np.uint8)
         spelled = np.frombuffer(bytes(stream.spelling), dtype=np.uint8)
@@ -286,7 +282,7 @@ class TextDrafter:
         for _ in range(max(0, steps)):
             row = self._step(self.stream.tokens)
             token = int(np.argmax(row))
-            sure = _softmax_top(row)
+            sure = top_probability(row)
             if self.model.is_end_of_generation(token) or is_control(self.model, token):
                 return proposed, None if pending else b""  # its turn ends: the draft too
             piece = self.model.token_bytes(token)
@@ -350,9 +346,3 @@ def _confidences(proposed: list[tuple[bytes, float]], ends: list[int]) -> list[f
         out.append(min(sure for first, last, sure in pieces if last > begin and first < end))
         begin = end
     return out
-
-
-def _softmax_top(row: np.ndarray) -> float:
-    """The drafter's raw probability for its likeliest token."""
-    shifted = np.exp(row - row.max())
-    return float(1.0 / shifted.sum())
