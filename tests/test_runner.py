@@ -1,13 +1,17 @@
-"""`run` and `chat` as adapters over the engine, on fake models (loading.ModelLoader): what
-reaches stdout and stderr, the JSON record, --verify, Ctrl-C, and the comparison behind
---verify. No llama.cpp: these run wherever the package imports."""
+"""`run`, `chat` and `serve` as adapters over the engine and one pair lifecycle, on fake
+models (loading.ModelLoader): what reaches stdout and stderr, the JSON record, --verify,
+Ctrl-C, serve's wiring, and the comparison behind --verify. No llama.cpp: these run wherever
+the package imports."""
 
 from __future__ import annotations
 
 import io
 import json
+import queue
+import threading
 from pathlib import Path
 
+import httpx
 import numpy as np
 from fakes import FakeBackend, decode_request, table_model
 
@@ -17,6 +21,7 @@ from specdec_cli.decoding.comparison import compare_outputs
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.errors import EXIT_INTERRUPTED
 from specdec_cli.request import HardwareOptions
+from specdec_cli.serve.server import Listening, ServeOptions, ServeRequest, serve
 
 END = 26  # spells nothing; 'a'..'z' before it, every other byte after it (cost probes
 # tokenise code and prose)
@@ -121,6 +126,69 @@ def test_ctrl_c_keeps_the_partial_answer_and_exits_130(capsys):
     whole = spelled(greedy_alone("abc", 16))
     assert out.strip() and whole.startswith(out.strip()) and out.strip() != whole
     assert "interrupted" in err and "partial" in err
+
+
+class InterruptedInVerify(FakeBackend):
+    """Ctrl-C arrives in the second prompt decode: --verify's target-alone pass."""
+
+    prompt_decodes = 0
+
+    def decode(self, tokens, n_logit_rows, prompt=False):
+        self.prompt_decodes += prompt
+        if self.prompt_decodes == 2:
+            raise KeyboardInterrupt
+        return super().decode(tokens, n_logit_rows, prompt)
+
+
+def test_ctrl_c_ends_the_run_at_once_without_a_verify_pass(capsys):
+    target = InterruptedAfter(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
+    request = RunRequest(decode_request(target=TARGET, max_tokens=16), "abc", raw=True, verify=True)
+    code = run_once(request, json_output=False, loader=loader_for(target))
+    out, err = capsys.readouterr()
+    assert code == EXIT_INTERRUPTED
+    assert "partial" in err and "identical" not in err and "differ" not in err
+    assert target.decode_calls + 1 == target.decodes  # no target-alone pass after Ctrl-C
+
+
+def test_ctrl_c_in_the_verify_pass_keeps_the_whole_answer_and_exits_130(capsys):
+    target = InterruptedInVerify(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
+    request = RunRequest(decode_request(target=TARGET, max_tokens=16), "abc", raw=True, verify=True)
+    code = run_once(request, json_output=False, loader=loader_for(target))
+    out, err = capsys.readouterr()
+    assert code == EXIT_INTERRUPTED
+    assert out == spelled(greedy_alone("abc", 16)) + "\n"
+    assert "--verify did not finish" in err
+
+
+def test_serve_loads_through_the_loader_and_answers_as_the_target_alone():
+    target = FakeBackend(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
+    loader = loader_for(target, target.twin())
+    decode = decode_request(target=TARGET, draft=DRAFTER, drafter_mode="fixed", max_tokens=12)
+    request = ServeRequest(decode, ServeOptions(port=0, history_tokens=0))
+    started: queue.Queue[Listening | BaseException] = queue.Queue()
+    exit_codes: list[int] = []
+
+    def run() -> None:
+        try:
+            exit_codes.append(serve(request, loader, on_listening=started.put))
+        except BaseException as error:  # reported to the test, not lost in the thread
+            started.put(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    listening = started.get(timeout=120)
+    assert isinstance(listening, Listening), listening
+    try:
+        body = {"prompt": "abc", "max_tokens": 12, "temperature": 0}
+        response = httpx.post(listening.url + "/v1/completions", json=body, timeout=120)
+    finally:
+        listening.stop()
+        thread.join(120)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == spelled(greedy_alone("abc", 12))
+    assert response.json()["usage"]["completion_tokens"] == 12
+    assert loader.asked == [("target.gguf", False), ("drafter.gguf", True)]
+    assert not thread.is_alive() and exit_codes == [0]
 
 
 def test_piped_chat_answers_each_line_and_keeps_the_conversation(capsys):

@@ -6,25 +6,19 @@ import contextlib
 import signal
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from .. import render
-from ..decoding.adaptive import costs_of
 from ..decoding.engine import Piece
 from ..errors import SpecdecError
-from ..models.loading import (
-    CHAT_CONTEXT,
-    ModelLoader,
-    fit_context,
-    load_models,
-    load_with_llama_cpp,
-)
+from ..models.loading import CHAT_CONTEXT, ModelLoader, load_with_llama_cpp
 from ..request import DecodeRequest
 from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
-from .cost_cache import remember_costs
-from .drafting import drafter_for, load_history
+from .drafting import load_history
+from .lifecycle import loaded_pair
 
 
 @dataclass(frozen=True)
@@ -43,18 +37,25 @@ def run_chat(
     interactive = stdin.isatty()
     view = render.ChatView.terminal(request.no_color) if interactive else render.ChatView.scripted()
     decode = request.decode
-    with view.loading():
-        pair = load_models(decode, loader)
-        fit_context(pair, decode.hardware, CHAT_CONTEXT)
-        drafter = drafter_for(decode, pair)
-        history = index = None
-        if request.history is not None:
-            history, index, damaged = load_history(request.history, decode.target)
-            render.print_history_damage(render.stderr_console(), history.path, damaged)
-    session = ChatSession(
-        pair, decode.generation_settings(), decode.system, drafter, index, history
-    )
-    view.header(decode.target.stem, decode.drafter_label, session.drafting)
+    with ExitStack() as lifetime:
+        with view.loading():
+            loaded = lifetime.enter_context(loaded_pair(decode, loader))
+            drafter = loaded.prepare(CHAT_CONTEXT)
+            history = index = None
+            if request.history is not None:
+                history, index, damaged = load_history(request.history, decode.target)
+                render.print_history_damage(render.stderr_console(), history.path, damaged)
+        session = ChatSession(
+            loaded.pair, decode.generation_settings(), decode.system, drafter, index, history
+        )
+        view.header(decode.target.stem, decode.drafter_label, session.drafting)
+        _converse(session, view, stdin, interactive)
+    return 0
+
+
+def _converse(
+    session: ChatSession, view: render.ChatView, stdin: TextIO, interactive: bool
+) -> None:
     lines = _terminal_lines() if interactive else _piped_lines(stdin)
     for line in lines:
         try:
@@ -67,10 +68,6 @@ def run_chat(
                 _apply(command, session, view)
         except SpecdecError as error:  # a bad command or an oversized message: say so, go on
             view.error(error)
-    costs = costs_of(drafter)
-    if costs is not None:  # the next session starts from what this one measured
-        remember_costs(pair, decode.hardware, costs)
-    return 0
 
 
 def _terminal_lines() -> Iterator[str]:

@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import render
-from ..decoding.adaptive import CostModel, costs_of, use_history
+from ..decoding.adaptive import CostModel, use_history
 from ..decoding.comparison import Comparison, compare_outputs
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation
 from ..decoding.history import HistoryFile
 from ..errors import EXIT_INTERRUPTED
-from ..models.loading import (
-    ModelLoader,
-    ModelPair,
-    fit_context,
-    load_models,
-    load_with_llama_cpp,
-)
+from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..request import DecodeRequest
-from .cost_cache import remember_costs
-from .drafting import drafter_for, load_history
+from .drafting import load_history
+from .lifecycle import loaded_pair
 from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
 from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 
@@ -54,42 +48,58 @@ def run_once(
 ) -> int:
     err = render.stderr_console()
     show_progress = err.is_terminal and not json_output
-    with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
-        pair = load_models(request.decode, loader)
-        prompt = prompt_tokens(
-            pair.target, request.prompt, system=request.decode.system, raw=request.raw
-        )
-        fit_context(pair, request.decode.hardware, len(prompt) + request.decode.max_tokens)
-        drafter = drafter_for(request.decode, pair)
-        memory = _Memory.open(request, pair, drafter, err)
-    check_prompt_fits(prompt, pair.target.n_ctx)
-    memory.restore(pair, prompt)
+    with ExitStack() as lifetime:
+        with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
+            loaded = lifetime.enter_context(loaded_pair(request.decode, loader))
+            pair = loaded.pair
+            prompt = prompt_tokens(
+                pair.target, request.prompt, system=request.decode.system, raw=request.raw
+            )
+            drafter = loaded.prepare(len(prompt) + request.decode.max_tokens)
+            memory = _Memory.open(request, pair, drafter, err)
+        check_prompt_fits(prompt, pair.target.n_ctx)
+        memory.restore(pair, prompt)
 
-    predicted = prediction_tokens(pair.target, request.prediction)
-    settings = replace(request.decode.generation_settings(), prediction=predicted)
-    generation = Generation(pair.target, prompt, settings, drafter=drafter)
-    answer = None if json_output else render.AnswerStream(sys.stdout)
-    finished, interrupted = _consume(generation, answer)
-    costs = costs_of(drafter)
-    if costs is not None:  # the next run starts from what this one measured
-        remember_costs(pair, request.decode.hardware, costs)
-    check = _check(pair, prompt, request, finished) if request.verify else None
-    if not interrupted:
-        memory.keep(pair, prompt, finished, err)
+        predicted = prediction_tokens(pair.target, request.prediction)
+        settings = replace(request.decode.generation_settings(), prediction=predicted)
+        generation = Generation(pair.target, prompt, settings, drafter=drafter)
+        answer = None if json_output else render.AnswerStream(sys.stdout)
+        finished, interrupted = _consume(generation, answer)
+        if not interrupted:
+            memory.keep(pair, prompt, finished, err)
+        # Interrupted: no --verify pass, there is no whole answer to compare.
+        check = None
+        if request.verify and not interrupted:
+            check = _check(pair, prompt, request, finished)
+        costs = loaded.costs
+    _report(request, finished, check, costs, memory, answer, interrupted, err)
+    return EXIT_INTERRUPTED if interrupted or (request.verify and check is None) else EXIT_OK
 
+
+def _report(
+    request: RunRequest,
+    finished: Finished,
+    check: Check | None,
+    costs: CostModel | None,
+    memory: _Memory,
+    answer: render.AnswerStream | None,
+    interrupted: bool,
+    err: Console,
+) -> None:
     if answer is None:
         render.print_json(sys.stdout, _record(request, finished, check, costs, memory))
-    else:
-        answer.finish_line()
-        if interrupted:
-            err.print("[yellow]interrupted:[/yellow] the answer above is partial.")
-        if err.is_terminal or request.verify:
-            render.print_stats(err, finished.stats, finished.finish_reason)
-        if costs is not None and request.decode.hardware.verbose:
-            render.print_costs(err, costs.as_dict())
-        if check is not None:
-            err.print(check.summary(finished), soft_wrap=True)
-    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+        return
+    answer.finish_line()
+    if interrupted:
+        err.print("[yellow]interrupted:[/yellow] the answer above is partial.")
+    elif request.verify and check is None:
+        err.print("[yellow]interrupted:[/yellow] the answer is whole; --verify did not finish.")
+    if err.is_terminal or request.verify:
+        render.print_stats(err, finished.stats, finished.finish_reason)
+    if costs is not None and request.decode.hardware.verbose:
+        render.print_costs(err, costs.as_dict())
+    if check is not None:
+        err.print(check.summary(finished), soft_wrap=True)
 
 
 @dataclass
@@ -178,10 +188,15 @@ def _consume(generation: Generation, answer: render.AnswerStream | None) -> tupl
         return generation.interrupted(), True
 
 
-def _check(pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished) -> Check:
+def _check(
+    pair: ModelPair, prompt: list[int], request: RunRequest, speculative: Finished
+) -> Check | None:
+    """The target alone's answer beside the speculative one; None if Ctrl-C stopped it."""
     settings = request.decode.generation_settings()
-    plain_generation = Generation(pair.target, prompt, settings, drafter=None)
-    plain, _ = _consume(plain_generation, None)
+    try:
+        plain = Generation(pair.target, prompt, settings, drafter=None).run()
+    except KeyboardInterrupt:
+        return None
     return Check(compare_outputs(pair.target, prompt, speculative.tokens, plain.tokens), plain)
 
 

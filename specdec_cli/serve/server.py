@@ -20,16 +20,16 @@ from dataclasses import dataclass, replace
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from rich.console import Console
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import render
-from ..commands.cost_cache import remember_costs
-from ..commands.drafting import drafter_for
-from ..decoding.adaptive import costs_of
+from ..commands.lifecycle import loaded_pair
+from ..decoding.drafters import Drafter
 from ..decoding.engine import GenerationSettings
 from ..decoding.history import DEFAULT_HISTORY_TOKENS
 from ..errors import SpecdecError
-from ..models.loading import fit_context, load_models
+from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..network import is_loopback
 from ..request import DecodeRequest
 from . import render_serve
@@ -470,18 +470,48 @@ class _Server(uvicorn.Server):
         # stop is the normal way to end: shut down, then exit 0.
         self._captured_signals.clear()
 
+    def stop(self) -> None:
+        """Shut down as on Ctrl-C, from another thread."""
+        self._worker.stop_all()
+        self.should_exit = True
 
-def serve(request: ServeRequest) -> int:
+
+@dataclass(frozen=True)
+class Listening:
+    """A started server, for a caller that runs `serve` in a thread: where, and how to stop."""
+
+    url: str
+    stop: Callable[[], None]
+
+
+def serve(
+    request: ServeRequest,
+    loader: ModelLoader = load_with_llama_cpp,
+    on_listening: Callable[[Listening], None] | None = None,
+) -> int:
     options = request.options
     console = render.stderr_console()
     if not is_loopback(options.host):
         render_serve.print_network_warning(console, options.host, bool(options.api_keys))
     sock = _listen(options.host, options.port)
-    loading = console.status("loading models…", spinner="dots")
-    with loading if console.is_terminal else contextlib.nullcontext():
-        pair = load_models(request.decode)
-        fit_context(pair, request.decode.hardware, SERVE_CONTEXT)
-        drafter = drafter_for(request.decode, pair)
+    with contextlib.ExitStack() as lifetime:
+        lifetime.callback(sock.close)
+        loading = console.status("loading models…", spinner="dots")
+        with loading if console.is_terminal else contextlib.nullcontext():
+            loaded = lifetime.enter_context(loaded_pair(request.decode, loader))
+            drafter = loaded.prepare(SERVE_CONTEXT)
+        return _run_server(request, loaded.pair, drafter, sock, console, on_listening)
+
+
+def _run_server(
+    request: ServeRequest,
+    pair: ModelPair,
+    drafter: Drafter | None,
+    sock: socket.socket,
+    console: Console,
+    on_listening: Callable[[Listening], None] | None,
+) -> int:
+    options = request.options
     worker = Worker(
         pair, drafter, max_queue=options.max_queue, history_tokens=options.history_tokens
     )
@@ -502,14 +532,12 @@ def serve(request: ServeRequest) -> int:
     host = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{host}:{sock.getsockname()[1]}"
     render_serve.print_listening(console, url, state.model_id, request.decode.drafter_label)
+    if on_listening is not None:
+        on_listening(Listening(url, server.stop))
     try:
         server.run(sockets=[sock])
     finally:
         worker.close()
-        sock.close()
-        costs = costs_of(drafter)
-        if costs is not None:  # the next start begins from what this one measured
-            remember_costs(pair, request.decode.hardware, costs)
     console.print("specdec serve: stopped", highlight=False)
     return 0 if server.started else 1
 
