@@ -38,6 +38,10 @@ class ContextOverflowError(SpecdecError):
     """The prompt does not fit in the context window."""
 
 
+class ChatTemplateError(SpecdecError):
+    """The model's own chat template refused the messages (roles that do not alternate...)."""
+
+
 class DecodeError(SpecdecError):
     """llama.cpp could not evaluate a batch, for a reason other than a full context."""
 

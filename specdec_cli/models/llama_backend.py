@@ -15,10 +15,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import jinja2  # llama-cpp-python's chat formatter renders with it
 import numpy as np
 
 from ..decoding.backend import VocabInfo, kept_prefix
-from ..errors import ContextOverflowError, DecodeError, ModelFileError, SpecdecError
+from ..errors import (
+    ChatTemplateError,
+    ContextOverflowError,
+    DecodeError,
+    ModelFileError,
+    SpecdecError,
+)
 from . import rpc
 
 try:
@@ -591,8 +598,15 @@ class LlamaBackend:
             eos_token=self.token_text(info.eos) if info.eos >= 0 else "",
             bos_token=self.token_text(info.bos) if info.bos >= 0 else "",
         )
-        # Typed as OpenAI-style message TypedDicts; plain role/content dicts are what it reads.
-        return formatter(messages=messages).prompt  # type: ignore[arg-type]
+        try:
+            # Typed as OpenAI-style message TypedDicts; plain role/content dicts are what it reads.
+            return formatter(messages=messages).prompt  # type: ignore[arg-type]
+        except jinja2.TemplateError as error:  # e.g. "roles must alternate"
+            raise ChatTemplateError(
+                f"The model's chat template refused these messages: {error}",
+                "Check the roles and their order (many templates want user and assistant "
+                "turns to alternate).",
+            ) from None
 
     # -- description -----------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """OpenAI's chat-completions and completions protocol: requests, responses, errors.
 
 Pure data: pydantic models that validate a request body, and functions that build the JSON
-the server sends. No HTTP and no models here (`server.py` and `serve_worker.py` do those).
+the server sends. No HTTP and no models here (`server.py` and `model_thread.py` do those).
 
 Requests are validated strictly: a field of the wrong type, out of range or unknown is a
 400, as OpenAI answers. Fields OpenAI defines that specdec does not implement (`n`,

@@ -1,7 +1,7 @@
 """`specdec serve`: OpenAI's HTTP API over one loaded model pair.
 
 Each route checks the key, validates the body (`serve_protocol`), hands a `Job` to the one
-worker thread (`serve_worker`) and sends back what the worker posts: one JSON body, or
+model thread (`model_thread.py`) and sends back what the model thread posts: one JSON body, or
 server-sent events as the tokens come. A client that goes away cancels its job.
 """
 
@@ -33,6 +33,17 @@ from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..network import is_loopback
 from ..request import DecodeRequest
 from . import render_serve
+from .model_thread import (
+    ChatPrompt,
+    Failed,
+    Failure,
+    Job,
+    ModelThread,
+    ServeError,
+    Started,
+    TextPrompt,
+    shutting_down,
+)
 from .render_serve import RequestLog, RequestRecord
 from .serve_protocol import (
     Answer,
@@ -44,17 +55,6 @@ from .serve_protocol import (
     TextShape,
     model_card,
     parse_request,
-)
-from .serve_worker import (
-    ChatPrompt,
-    Failed,
-    Failure,
-    Job,
-    Started,
-    TextPrompt,
-    Worker,
-    WorkerError,
-    shutting_down,
 )
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -81,18 +81,18 @@ class ServeRequest:
 
 
 class ServerState:
-    """What the routes share: the worker, the defaults, the model's names, the log."""
+    """What the routes share: the model thread, the defaults, the model's names, the log."""
 
     def __init__(
         self,
-        worker: Worker,
+        model_thread: ModelThread,
         decode: DecodeRequest,
         *,
         aliases: tuple[str, ...] = (),
         api_keys: tuple[str, ...] = (),
         log: RequestLog,
     ) -> None:
-        self.worker = worker
+        self.model_thread = model_thread
         self.decode = decode
         self.defaults = decode.generation_settings()
         self.model_id = decode.target.stem
@@ -164,7 +164,7 @@ class ServerState:
         )
 
     def log_when_done(self, job: Job, record: RequestRecord) -> None:
-        """Log a request whose client left once the worker has stopped its job."""
+        """Log a request whose client left once the model thread has stopped its job."""
 
         async def drain() -> None:
             while True:
@@ -205,14 +205,14 @@ def create_app(state: ServerState) -> FastAPI:
         return _logged(request, state, card)
 
     async def health() -> dict:
-        worker = state.worker
+        model_thread = state.model_thread
         return {
             "status": "ok",
             "model": state.model_id,
-            "busy": worker.busy,
-            "queued": worker.queued,
-            "max_queue": worker.max_queue,
-            "received": worker.received,
+            "busy": model_thread.busy,
+            "queued": model_thread.queued,
+            "max_queue": model_thread.max_queue,
+            "received": model_thread.received,
         }
 
     # The same routes without /v1, as llama.cpp's server has them, for clients whose base
@@ -291,8 +291,8 @@ async def _complete(
             make_prompt(parsed), state.settings_for(parsed), parsed.prediction_text(), loop, owner
         )
         try:
-            state.worker.submit(job)
-        except WorkerError as error:
+            state.model_thread.submit(job)
+        except ServeError as error:
             raise api_error(error) from None
         started = await _unless_disconnected(request, job, _started(job))
         if started is None:
@@ -327,8 +327,8 @@ async def _read_body(request: Request) -> bytes:
     return bytes(body)
 
 
-def api_error(error: WorkerError) -> ApiError:
-    """A worker's failure in OpenAI's error shape."""
+def api_error(error: ServeError) -> ApiError:
+    """The model thread's failure in OpenAI's error shape."""
     failure, message, param = error.failure, error.message, error.param
     if failure is Failure.BAD_PROMPT:
         return ApiError(400, message, param=param)
@@ -341,6 +341,10 @@ def api_error(error: WorkerError) -> ApiError:
         return ApiError(503, message, kind="server_error")
     if failure is Failure.CLIENT_GONE:
         return ApiError(499, message)
+    if failure is Failure.DECODE_FAILED:
+        return ApiError(500, message, kind="server_error", code="decode_failed")
+    if failure is Failure.UNAVAILABLE:
+        return ApiError(503, message, kind="server_error", code="backend_unavailable")
     return ApiError(500, message, kind="server_error")
 
 
@@ -457,13 +461,13 @@ class _EventStream(StreamingResponse):
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
+    def __init__(self, config: uvicorn.Config, model_thread: ModelThread) -> None:
         super().__init__(config)
-        self._worker = worker
+        self._model_thread = model_thread
 
     def handle_exit(self, sig, frame) -> None:
         # End the answers in progress now, so open streams close and shutdown is quick.
-        self._worker.stop_all()
+        self._model_thread.stop_all()
         super().handle_exit(sig, frame)
         # uvicorn raises the signal again once it has shut down (so Ctrl-C would end in a
         # KeyboardInterrupt and SIGTERM in death by signal); for a server, being told to
@@ -472,7 +476,7 @@ class _Server(uvicorn.Server):
 
     def stop(self) -> None:
         """Shut down as on Ctrl-C, from another thread."""
-        self._worker.stop_all()
+        self._model_thread.stop_all()
         self.should_exit = True
 
 
@@ -512,12 +516,12 @@ def _run_server(
     on_listening: Callable[[Listening], None] | None,
 ) -> int:
     options = request.options
-    worker = Worker(
+    model_thread = ModelThread(
         pair, drafter, max_queue=options.max_queue, history_tokens=options.history_tokens
     )
     log = RequestLog(sys.stderr, json_lines=options.json_log)
     state = ServerState(
-        worker, request.decode, aliases=request.aliases, api_keys=options.api_keys, log=log
+        model_thread, request.decode, aliases=request.aliases, api_keys=options.api_keys, log=log
     )
     config = uvicorn.Config(
         create_app(state),
@@ -527,8 +531,8 @@ def _run_server(
         server_header=False,
         timeout_graceful_shutdown=5,
     )
-    server = _Server(config, worker)
-    worker.start()
+    server = _Server(config, model_thread)
+    model_thread.start()
     host = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{host}:{sock.getsockname()[1]}"
     render_serve.print_listening(console, url, state.model_id, request.decode.drafter_label)
@@ -537,7 +541,7 @@ def _run_server(
     try:
         server.run(sockets=[sock])
     finally:
-        worker.close()
+        model_thread.close()
     console.print("specdec serve: stopped", highlight=False)
     return 0 if server.started else 1
 

@@ -1,9 +1,9 @@
 """The one thread that owns the models. Requests wait in a bounded queue and run one at a
 time, in arrival order (llama.cpp contexts are not re-entrant).
 
-The async side hands over a `Job` and reads what the worker posts to it: `Started` once
+The async side hands over a `Job` and reads what the model thread posts to it: `Started` once
 the prompt is tokenised and fits, then text deltas (str), then the `Answer`; or `Failed`.
-A job whose client went away is cancelled: the worker checks between engine events and
+A job whose client went away is cancelled: the model thread checks between engine events and
 stops iterating, which is all it takes to stop the engine.
 
 Both models' KV caches are kept between requests. `logits_for_suffix` compares each new
@@ -23,31 +23,32 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 
-import jinja2
-
 from ..commands.prompting import check_prompt_fits
 from ..decoding.adaptive import use_history
 from ..decoding.backend import encode_chat
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
-from ..errors import SpecdecError
+from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
+from ..models import rpc
 from ..models.loading import ModelPair
 from .serve_protocol import Answer
 
 
 class Failure(Enum):
-    """Why the worker could not answer; server.py says it in HTTP (api_error)."""
+    """Why the model thread could not answer; server.py says it in HTTP (api_error)."""
 
     BAD_PROMPT = "bad_prompt"  # the request's own doing: it cannot be answered as it is
     TOO_LONG = "too_long"  # the prompt does not fit the context
     QUEUE_FULL = "queue_full"
     SHUTTING_DOWN = "shutting_down"
     CLIENT_GONE = "client_gone"  # it left while its request waited
-    INTERNAL = "internal"  # a bug: logged with its traceback
+    DECODE_FAILED = "decode_failed"  # llama.cpp could not evaluate a batch
+    UNAVAILABLE = "unavailable"  # an --rpc worker holding the target's layers is gone
+    INTERNAL = "internal"  # a bug (logged with its traceback), or the machine's doing
 
 
-class WorkerError(Exception):
+class ServeError(Exception):
     def __init__(self, failure: Failure, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.failure = failure
@@ -55,12 +56,23 @@ class WorkerError(Exception):
         self.param = param  # the request field at fault, where there is one
 
 
-def shutting_down() -> WorkerError:
-    return WorkerError(Failure.SHUTTING_DOWN, "The server is shutting down.")
+def shutting_down() -> ServeError:
+    return ServeError(Failure.SHUTTING_DOWN, "The server is shutting down.")
 
 
-def bad_prompt(message: str, param: str | None = None) -> WorkerError:
-    return WorkerError(Failure.BAD_PROMPT, message, param)
+def bad_prompt(message: str, param: str | None = None) -> ServeError:
+    return ServeError(Failure.BAD_PROMPT, message, param)
+
+
+def _failure_of(error: SpecdecError) -> Failure:
+    """What a failure during a generation is, for the HTTP status it gets."""
+    if isinstance(error, ContextOverflowError):
+        return Failure.TOO_LONG
+    if isinstance(error, DecodeError):
+        return Failure.DECODE_FAILED
+    if isinstance(error, rpc.WorkerError):
+        return Failure.UNAVAILABLE
+    return Failure.INTERNAL
 
 
 @dataclass(frozen=True)
@@ -81,14 +93,14 @@ class Started:
 
 @dataclass(frozen=True)
 class Failed:
-    error: WorkerError
+    error: ServeError
 
 
 Message = Started | str | Answer | Failed
 
 
 class Job:
-    """One request's work. Created on the event loop; the worker posts back to it."""
+    """One request's work. Created on the event loop; the model thread posts back to it."""
 
     def __init__(
         self,
@@ -118,14 +130,14 @@ class Job:
         return await self._messages.get()
 
     def post(self, message: Message) -> None:
-        """Called from the worker thread."""
+        """Called from the models thread."""
         try:
             self._loop.call_soon_threadsafe(self._messages.put_nowait, message)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             self.cancel()
 
 
-class Worker:
+class ModelThread:
     def __init__(
         self,
         pair: ModelPair,
@@ -148,7 +160,7 @@ class Worker:
         self._current: Job | None = None
         self._closed = False
         self.received = 0  # jobs accepted since the start
-        self._thread = threading.Thread(target=self._serve, name="specdec-worker", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="specdec-models", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -168,7 +180,7 @@ class Worker:
             self._jobs.put_nowait(job)
             self.received += 1
         except queue.Full:
-            raise WorkerError(
+            raise ServeError(
                 Failure.QUEUE_FULL,
                 f"The server is busy: {self.max_queue} requests are already waiting. "
                 "Retry shortly.",
@@ -195,7 +207,7 @@ class Worker:
             self._jobs.put(None)
             self._thread.join(timeout)
 
-    # -- the worker thread -------------------------------------------------------------------
+    # -- the models thread -------------------------------------------------------------------
 
     def _serve(self) -> None:
         while True:
@@ -203,20 +215,20 @@ class Worker:
             if job is None:
                 return
             if job.cancelled:  # its client left while it waited
-                job.post(Failed(WorkerError(Failure.CLIENT_GONE, "The client closed the request.")))
+                job.post(Failed(ServeError(Failure.CLIENT_GONE, "The client closed the request.")))
                 continue
             self._current = job
             clean, failure = True, None
             try:
                 self._run(job)
-            except WorkerError as error:
+            except ServeError as error:
                 failure = error
-            except SpecdecError as error:  # e.g. llama_decode refused: the request's doing
-                clean, failure = False, bad_prompt(str(error))
+            except SpecdecError as error:  # not the request's doing: it was checked before
+                clean, failure = False, ServeError(_failure_of(error), str(error))
             except Exception as error:  # a bug: say so, keep serving
                 traceback.print_exc(file=sys.stderr)
                 message = f"Internal error: {type(error).__name__}: {error}"
-                clean, failure = False, WorkerError(Failure.INTERNAL, message)
+                clean, failure = False, ServeError(Failure.INTERNAL, message)
             self._settle_caches(clean)  # before the client hears back: the next job may be its
             self._current = None
             if failure is not None:
@@ -245,7 +257,7 @@ class Worker:
             check_prompt_fits(prompt, target.n_ctx)
         except SpecdecError as error:
             param = "messages" if isinstance(job.prompt, ChatPrompt) else "prompt"
-            raise WorkerError(Failure.TOO_LONG, str(error), param) from None
+            raise ServeError(Failure.TOO_LONG, str(error), param) from None
         settings = job.settings
         if job.prediction:
             predicted = target.tokenize(job.prediction, add_special=False)
@@ -276,16 +288,14 @@ class Worker:
         if isinstance(prompt, TextPrompt):
             tokens = target.tokenize(prompt.text, add_special=True)
         else:
-            if getattr(target, "chat_template", lambda: "")() is None:
+            if target.chat_template() is None:
                 raise bad_prompt(
                     "This model has no chat template; use /v1/completions with a raw prompt."
                 )
             try:
                 tokens = encode_chat(target, prompt.messages)
-            except jinja2.TemplateError as error:  # e.g. "roles must alternate"
-                raise bad_prompt(
-                    f"The model's chat template refused these messages: {error}", "messages"
-                ) from None
+            except ChatTemplateError as error:
+                raise bad_prompt(error.message, "messages") from None
         if not tokens:
             raise bad_prompt("The prompt is empty.", "prompt")
         return tokens

@@ -1,49 +1,50 @@
-"""The server's worker thread on the tiny GGUF target, in process: what it posts, what
+"""The server's models thread on the tiny GGUF target, in process: what it posts, what
 reaches the engine, and caches left consistent when a generation fails."""
 
 from __future__ import annotations
 
 import asyncio
 
-import jinja2
 import pytest
 
 from specdec_cli.decoding.adaptive import CostModel, build_drafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
+from specdec_cli.errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
+from specdec_cli.models import rpc
 from specdec_cli.models.loading import load_pair
 from specdec_cli.request import HardwareOptions
-from specdec_cli.serve import serve_worker
-from specdec_cli.serve.serve_protocol import Answer
-from specdec_cli.serve.serve_worker import (
+from specdec_cli.serve import model_thread
+from specdec_cli.serve.model_thread import (
     ChatPrompt,
     Failed,
     Failure,
     Job,
+    ModelThread,
+    ServeError,
     Started,
     TextPrompt,
-    Worker,
-    WorkerError,
 )
+from specdec_cli.serve.serve_protocol import Answer
 
 
 @pytest.fixture
-def worker(tiny_models):
+def models(tiny_models):
     pair = load_pair(
         tiny_models.target, tiny_models.close_drafter, HardwareOptions(ctx_size=512, threads=1)
     )
-    worker = Worker(pair, None, max_queue=4)
-    worker.start()
-    yield worker
-    worker.close()
+    models = ModelThread(pair, None, max_queue=4)
+    models.start()
+    yield models
+    models.close()
 
 
 def run_job(
-    worker: Worker, prompt, settings: GenerationSettings, prediction=None, owner=None
+    models: ModelThread, prompt, settings: GenerationSettings, prediction=None, owner=None
 ) -> list:
     async def go() -> list:
         job = Job(prompt, settings, prediction, asyncio.get_running_loop(), owner)
-        worker.submit(job)
+        models.submit(job)
         messages = [await job.next()]
         while not isinstance(messages[-1], Answer | Failed):
             messages.append(await job.next())
@@ -52,8 +53,8 @@ def run_job(
     return asyncio.run(go())
 
 
-def test_started_then_text_then_the_answer(worker):
-    messages = run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=12))
+def test_started_then_text_then_the_answer(models):
+    messages = run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=12))
     started, *texts, answer = messages
     assert isinstance(started, Started) and started.prompt_tokens > 1
     assert isinstance(answer, Answer)
@@ -61,7 +62,7 @@ def test_started_then_text_then_the_answer(worker):
     assert answer.finished.stats.generated == 12
 
 
-def test_the_prediction_reaches_the_engine_as_target_tokens(worker, monkeypatch):
+def test_the_prediction_reaches_the_engine_as_target_tokens(models, monkeypatch):
     seen: list[GenerationSettings] = []
 
     class Recording(Generation):
@@ -69,16 +70,16 @@ def test_the_prediction_reaches_the_engine_as_target_tokens(worker, monkeypatch)
             seen.append(settings)
             super().__init__(target, prompt, settings, **kwargs)
 
-    monkeypatch.setattr(serve_worker, "Generation", Recording)
-    run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=4), "sat on the mat")
-    expected = worker.pair.target.tokenize("sat on the mat", add_special=False)
+    monkeypatch.setattr(model_thread, "Generation", Recording)
+    run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=4), "sat on the mat")
+    expected = models.pair.target.tokenize("sat on the mat", add_special=False)
     assert seen[0].prediction == tuple(expected) and expected
 
 
-def test_a_failing_generation_is_a_500_and_leaves_the_caches_consistent(worker, monkeypatch):
+def test_a_failing_generation_is_a_500_and_leaves_the_caches_consistent(models, monkeypatch):
     prompt = ChatPrompt([{"role": "user", "content": "the cat sat on"}])
     settings = GenerationSettings(max_tokens=16)
-    before = run_job(worker, prompt, settings)[-1].finished.text
+    before = run_job(models, prompt, settings)[-1].finished.text
 
     class Failing(Generation):
         def events(self):
@@ -87,48 +88,75 @@ def test_a_failing_generation_is_a_500_and_leaves_the_caches_consistent(worker, 
                     raise RuntimeError("a bug in the middle of an answer")
                 yield event
 
-    monkeypatch.setattr(serve_worker, "Generation", Failing)
-    failed = run_job(worker, prompt, settings)[-1]
+    monkeypatch.setattr(model_thread, "Generation", Failing)
+    failed = run_job(models, prompt, settings)[-1]
     assert isinstance(failed, Failed) and failed.error.failure is Failure.INTERNAL
-    for backend in (worker.pair.target, worker.pair.drafter):
+    for backend in (models.pair.target, models.pair.drafter):
         assert backend.cached == []  # started over rather than trusting a half-done decode
 
-    monkeypatch.setattr(serve_worker, "Generation", Generation)
-    assert run_job(worker, prompt, settings)[-1].finished.text == before
+    monkeypatch.setattr(model_thread, "Generation", Generation)
+    assert run_job(models, prompt, settings)[-1].finished.text == before
 
 
-def test_a_template_that_refuses_the_messages_is_a_400(worker, monkeypatch):
+@pytest.mark.parametrize(
+    "error, failure",
+    [
+        (DecodeError("llama_decode returned -1."), Failure.DECODE_FAILED),
+        (rpc.WorkerError("the worker at 10.0.0.2:50052 stopped answering."), Failure.UNAVAILABLE),
+        (ContextOverflowError("the context is full."), Failure.TOO_LONG),
+        (SpecdecError("the disk is full."), Failure.INTERNAL),
+    ],
+)
+def test_each_failure_in_a_generation_is_reported_as_what_it_is(
+    models, monkeypatch, error, failure
+):
+    # None of them is the request's doing (a 400 "bad prompt" would tell the client to change it).
+    class Failing(Generation):
+        def events(self):
+            for n, event in enumerate(super().events()):
+                if n == 2:
+                    raise error
+                yield event
+
+    monkeypatch.setattr(model_thread, "Generation", Failing)
+    failed = run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=8))[-1]
+    assert isinstance(failed, Failed)
+    assert failed.error.failure is failure and failed.error.message == str(error)
+    assert models.pair.target.cached == []  # started over, as after any failure mid-decode
+
+
+def test_a_template_that_refuses_the_messages_is_a_400(models, monkeypatch):
     def refuse(messages):
-        raise jinja2.TemplateError("Conversation roles must alternate user/assistant")
+        raise ChatTemplateError("The template says: roles must alternate user/assistant.")
 
-    monkeypatch.setattr(worker.pair.target, "format_chat", refuse)
+    monkeypatch.setattr(models.pair.target, "format_chat", refuse)
     prompt = ChatPrompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
-    failed = run_job(worker, prompt, GenerationSettings(max_tokens=4))[-1]
+    failed = run_job(models, prompt, GenerationSettings(max_tokens=4))[-1]
     assert isinstance(failed, Failed)
     assert failed.error.failure is Failure.BAD_PROMPT and "alternate" in failed.error.message
-    answer = run_job(worker, TextPrompt("the cat"), GenerationSettings(max_tokens=4))[-1]
+    answer = run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=4))[-1]
     assert isinstance(answer, Answer)
 
 
-def drafting_worker(tiny_models, history_tokens: int) -> Worker:
+def drafting_thread(tiny_models, history_tokens: int) -> ModelThread:
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=512, threads=1))
     # Verification priced as free: every match worth drafting is drafted.
     costs = CostModel({1: 1.0, 64: 1.0}, 0.0, learn=False)
     drafter = build_drafter("ngram", pair.target, None, costs)
-    worker = Worker(pair, drafter, max_queue=4, history_tokens=history_tokens)
-    worker.start()
-    return worker
+    models = ModelThread(pair, drafter, max_queue=4, history_tokens=history_tokens)
+    models.start()
+    return models
 
 
 def test_a_repeated_request_drafts_from_the_history_and_answers_the_same(tiny_models):
     prompt, settings = TextPrompt("the cat sat on"), GenerationSettings(max_tokens=24)
     answers = {}
     for label, history_tokens in (("kept", DEFAULT_HISTORY_TOKENS), ("none", 0)):
-        worker = drafting_worker(tiny_models, history_tokens)
+        models = drafting_thread(tiny_models, history_tokens)
         try:
-            answers[label] = [run_job(worker, prompt, settings)[-1].finished for _ in range(2)]
+            answers[label] = [run_job(models, prompt, settings)[-1].finished for _ in range(2)]
         finally:
-            worker.close()
+            models.close()
     kept, none = answers["kept"], answers["none"]
     assert [f.tokens for f in kept] == [f.tokens for f in none]
     assert kept[1].stats.draft_sources["history"] > 0
@@ -140,37 +168,37 @@ def test_each_api_key_drafts_only_from_its_own_history(tiny_models):
     """Client 2 asks what client 1 asked: its answer is the same, but nothing of client 1's
     answer is drafted into it; its own repeat is."""
     prompt, settings = TextPrompt("the cat sat on"), GenerationSettings(max_tokens=24)
-    worker = drafting_worker(tiny_models, DEFAULT_HISTORY_TOKENS)
+    models = drafting_thread(tiny_models, DEFAULT_HISTORY_TOKENS)
     try:
-        first = [run_job(worker, prompt, settings, owner="key 1")[-1] for _ in range(2)]
-        other = [run_job(worker, prompt, settings, owner="key 2")[-1] for _ in range(2)]
+        first = [run_job(models, prompt, settings, owner="key 1")[-1] for _ in range(2)]
+        other = [run_job(models, prompt, settings, owner="key 2")[-1] for _ in range(2)]
     finally:
-        worker.close()
+        models.close()
     assert first[1].finished.stats.draft_sources["history"] > 0
     assert other[0].finished.stats.draft_sources["history"] == 0  # key 1's text stays key 1's
     assert other[1].finished.stats.draft_sources["history"] > 0
     assert len({answer.finished.text for answer in first + other}) == 1
-    assert set(worker.histories) == {"key 1", "key 2"}
-    assert [len(worker.histories[key]) for key in ("key 1", "key 2")] == [2, 2]
+    assert set(models.histories) == {"key 1", "key 2"}
+    assert [len(models.histories[key]) for key in ("key 1", "key 2")] == [2, 2]
 
 
 def test_another_keys_request_does_not_reuse_the_kv_cache_one_left(tiny_models):
     """`cached_tokens` would tell client 2 what client 1's prompt began with."""
     prompt = TextPrompt("the cat sat on the mat " * 30)  # whole prompt chunks to reuse
     settings = GenerationSettings(max_tokens=4)
-    worker = drafting_worker(tiny_models, 0)
+    models = drafting_thread(tiny_models, 0)
     try:
         owners = ["key 1", "key 1", "key 2", "key 1", None]
-        started = [run_job(worker, prompt, settings, owner=owner)[0] for owner in owners]
+        started = [run_job(models, prompt, settings, owner=owner)[0] for owner in owners]
     finally:
-        worker.close()
+        models.close()
     cached = [message.cached_tokens for message in started]
     assert cached[0] == 0 and cached[1] > 0  # the same client reuses its own prefix
     assert cached[2:] == [0, 0, 0]
 
 
 def test_the_server_says_each_failure_in_http():
-    """The worker reports what went wrong; server.py alone knows HTTP."""
+    """The model thread reports what went wrong; server.py alone knows HTTP."""
     from specdec_cli.serve.server import api_error
 
     expected = {
@@ -179,18 +207,20 @@ def test_the_server_says_each_failure_in_http():
         Failure.QUEUE_FULL: (503, "queue_full"),
         Failure.SHUTTING_DOWN: (503, None),
         Failure.CLIENT_GONE: (499, None),
+        Failure.DECODE_FAILED: (500, "decode_failed"),
+        Failure.UNAVAILABLE: (503, "backend_unavailable"),
         Failure.INTERNAL: (500, None),
     }
     assert set(expected) == set(Failure)
     for failure, (status, code) in expected.items():
-        error = api_error(WorkerError(failure, "why", "messages"))
+        error = api_error(ServeError(failure, "why", "messages"))
         assert (error.status, error.code, error.message) == (status, code, "why"), failure
-    assert api_error(WorkerError(Failure.QUEUE_FULL, "busy")).headers == {"Retry-After": "1"}
-    assert api_error(WorkerError(Failure.TOO_LONG, "long", "prompt")).param == "prompt"
+    assert api_error(ServeError(Failure.QUEUE_FULL, "busy")).headers == {"Retry-After": "1"}
+    assert api_error(ServeError(Failure.TOO_LONG, "long", "prompt")).param == "prompt"
 
 
-def test_a_prompt_too_long_is_reported_with_the_field_at_fault(worker):
+def test_a_prompt_too_long_is_reported_with_the_field_at_fault(models):
     long_text = "the cat sat on the mat " * 200
-    failed = run_job(worker, TextPrompt(long_text), GenerationSettings(max_tokens=4))[-1]
+    failed = run_job(models, TextPrompt(long_text), GenerationSettings(max_tokens=4))[-1]
     assert isinstance(failed, Failed)
     assert failed.error.failure is Failure.TOO_LONG and failed.error.param == "prompt"
