@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -50,29 +49,36 @@ def test_an_unwritable_folder_is_not_an_error(tmp_path):
     assert read_json_cache(blocked / "cache.json") == {}
 
 
-# Each writer adds its keys one update at a time, starting when the "go" file appears.
+# Each writer adds its keys one update at a time: half of them, then it says so (a file) and
+# waits until the other has done its half too, then the rest. So each one's updates come
+# both before and after some of the other's: the two really overlap.
 WRITER = """
 import sys, time
 from pathlib import Path
 from specdec_cli.json_cache import update_json_cache
 
-cache, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-while not go.exists():
-    time.sleep(0.001)
+cache, name, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+halfway = cache.parent / f"{name}-halfway"
+other_halfway = cache.parent / f"{other}-halfway"
 for i in range(60):
+    if i == 30:
+        halfway.touch()
+        deadline = time.monotonic() + 60
+        while not other_halfway.exists():
+            if time.monotonic() > deadline:
+                sys.exit("the other writer never got halfway")
+            time.sleep(0.001)
     update_json_cache(cache, lambda entries: entries.update({f"{name}{i}": i}))
 """
 
 
 def test_two_processes_updating_at_once_lose_neither_ones_keys(tmp_path):
-    cache, go = tmp_path / "cache.json", tmp_path / "go"
+    cache = tmp_path / "cache.json"
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(cache), name, str(go)])
-        for name in ("a", "b")
+        subprocess.Popen([sys.executable, "-c", WRITER, str(cache), name, other])
+        for name, other in (("a", "b"), ("b", "a"))
     ]
-    time.sleep(0.5)  # both started and waiting
-    go.touch()
-    assert [writer.wait(timeout=60) for writer in writers] == [0, 0]
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
     assert read_json_cache(cache) == {f"{name}{i}": i for name in "ab" for i in range(60)}
 
 

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from test_invariance import (
     EXACT_BATCH_ROWS,
-    LARGEST_BATCH,
-    assert_batch_invariant_only_when_exact,
+    assert_batch_invariant,
 )
 from typer.testing import CliRunner
 
@@ -41,15 +40,14 @@ def paths(shared_model_cache):
 
 
 @pytest.mark.parametrize(
-    ("exact", "threads"),
-    [(True, 1), (True, 2), (False, 2)],
-    ids=["exact-1", "exact-2", "fast-control"],
+    ("control", "threads"),
+    [(False, 1), (False, 2), (True, 2)],
+    ids=["exact-1", "exact-2", "one-ulp-control"],
 )
-def test_target_logits_do_not_depend_on_the_batch_in_exact_mode(paths, exact, threads):
+def test_target_logits_do_not_depend_on_the_batch_in_exact_mode(paths, control, threads):
     # every batch size exact mode decodes (EXACT_BATCH_ROWS): its Q4_K/Q6_K matrices take the
     # row-wise kernels (native/rowwise/), the rest llama.cpp's one-row kernels
-    largest = EXACT_BATCH_ROWS if exact else LARGEST_BATCH
-    assert_batch_invariant_only_when_exact(paths[0], exact, threads, largest)
+    assert_batch_invariant(paths[0], threads, EXACT_BATCH_ROWS, control)
 
 
 def one_prompt_per_category() -> list:

@@ -155,25 +155,22 @@ def test_chat_completion(client):
     assert specdec["tokens_per_pass"] == pytest.approx(32 / specdec["target_passes"], abs=1e-3)
 
 
-def test_streaming_sends_the_first_chunk_before_the_answer_ends(client):
-    started = time.perf_counter()
+def test_a_streamed_answer_comes_in_pieces_that_join_to_the_whole(client):
+    # That the pieces come while the answer is made, not at its end: the disconnect test.
     stream = chat_answer(
         client, LONG_CHAT, 300, stream=True, stream_options={"include_usage": True}
     )
-    arrivals, pieces, finish, usage = [], [], None, None
+    pieces, finish, usage = [], None, None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append(time.perf_counter() - started)
             pieces.append(chunk.choices[0].delta.content)
         if chunk.choices and chunk.choices[0].finish_reason:
             finish = chunk.choices[0].finish_reason
         if chunk.usage is not None:
             usage = chunk.usage
-    ended = time.perf_counter() - started
     assert finish == "length"
     assert usage is not None and usage.completion_tokens == 300
-    assert len(arrivals) > 10
-    assert arrivals[0] < ended / 2, (arrivals[0], ended)  # not buffered until the end
+    assert len(pieces) > 10
     whole = chat_answer(client, LONG_CHAT, 300)
     assert "".join(pieces) == whole.choices[0].message.content
 
@@ -324,42 +321,65 @@ def test_every_configured_key_is_accepted_and_answers_the_same(server, reference
 
 
 def test_eight_clients_at_once_are_answered_in_arrival_order(server):
-    # The first asks for a long answer; the other seven arrive one by one while it runs.
-    asks = [(LONG_PROMPT, 1000)] + [(f"{'the ' * i}cat number {i}", 150 + i) for i in range(1, 8)]
+    # The first streams a long answer (6000 tokens, ~40 s here) and is held until the seven
+    # others, arriving one by one, are all waiting behind it; then its client leaves.
+    asks = [(f"{'the ' * i}cat number {i}", 150 + i) for i in range(1, 8)]
     results: dict[int, dict] = {}
     received = http(server, "GET", "/health").json()["received"]
-    most_waiting = 0
+    all_waiting = threading.Event()
+    first_id: list[str] = []
+
+    def hold_the_models() -> None:
+        body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with httpx.stream(
+            "POST", server.url + "/v1/completions", json=body, headers=headers, timeout=120
+        ) as response:
+            lines = response.iter_lines()  # kept: a dropped line iterator closes the stream
+            first_line = next(line for line in lines if line)
+            first_id.append(json.loads(first_line[6:])["id"])
+            all_waiting.wait(300)
 
     def ask(i: int) -> None:
         prompt, max_tokens = asks[i]
         results[i] = complete(server, prompt, max_tokens=max_tokens)
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    holder = threading.Thread(target=hold_the_models)
+    holder.start()
+    wait_for_health(server, lambda h: h["received"] == received + 1 and h["busy"])
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(7)]
     for i, thread in enumerate(threads):
         thread.start()
-        deadline = time.monotonic() + 10
-        while True:  # wait until the server holds it, so that arrival order is defined
-            health = http(server, "GET", "/health").json()
-            most_waiting = max(most_waiting, health["queued"])
-            if health["received"] == received + i + 1:
-                break
-            assert time.monotonic() < deadline, f"request {i} never arrived ({health})"
-            time.sleep(0.005)
+        wait_for_health(server, lambda h, i=i: h["received"] == received + i + 2)
+    health = http(server, "GET", "/health").json()
+    all_waiting.set()
+    holder.join(120)
     for thread in threads:
         thread.join(120)
-    assert sorted(results) == list(range(8)), "a request was lost"
-    assert most_waiting >= 3  # they were really there at once
+    assert health["busy"] and health["queued"] == 7  # all seven really there at once
+    assert sorted(results) == list(range(7)), "a request was lost"
 
-    ids = [results[i]["id"] for i in range(8)]
+    ids = [results[i]["id"] for i in range(7)]
     server.wait_for_log(lambda r: r.get("id") == ids[-1])
-    logged = [r["id"] for r in server.log() if r.get("id") in ids]
-    assert logged == ids  # answered one at a time, first come first served
+    logged = [r["id"] for r in server.log() if r.get("id") in [*first_id, *ids]]
+    assert logged == [*first_id, *ids]  # answered one at a time, first come first served
 
     for i, answer in results.items():  # nobody got someone else's answer
         alone = complete(server, asks[i][0], max_tokens=asks[i][1])
         assert answer["choices"][0]["text"] == alone["choices"][0]["text"], i
         assert answer["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
         assert answer["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"]
+
+
+def wait_for_health(server, predicate, timeout: float = 120.0) -> dict:
+    """Poll /health until `predicate` holds; the timeout only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = http(server, "GET", "/health").json()
+        if predicate(health):
+            return health
+        assert time.monotonic() < deadline, f"the server never got there ({health})"
+        time.sleep(0.005)
 
 
 def test_a_client_that_disconnects_mid_stream_frees_the_models(server):
@@ -372,16 +392,15 @@ def test_a_client_that_disconnects_mid_stream_frees_the_models(server):
         lines = response.iter_lines()
         received = [line for line, _ in zip(lines, range(6), strict=False) if line]
         assert received and received[0].startswith("data: ")
-    left = time.perf_counter()
+        # The first pieces came while the answer is still being made (6000 tokens, ~40 s).
+        assert http(server, "GET", "/health").json()["busy"]
     answer = complete(server, "the cat", max_tokens=8)  # queued behind the abandoned answer
-    waited = time.perf_counter() - left
     assert answer["usage"]["completion_tokens"] == 8
     abandoned = server.wait_for_log(
         lambda r: r.get("stream") and r.get("finish_reason") == "interrupted"
     )
     assert abandoned["status"] == 499
-    assert abandoned["completion_tokens"] < 1000  # the full answer is 6000 tokens, ~40 s
-    assert waited < 5.0
+    assert abandoned["completion_tokens"] < 1000  # stopped, not run to its end first
 
 
 def test_a_client_that_leaves_a_plain_request_stops_it(server):
@@ -474,7 +493,7 @@ def test_a_full_queue_answers_503_and_shutdown_is_clean(tiny_models, tmp_path):
         assert first_chunk.wait(30), "the first request never started"
         threads.append(threading.Thread(target=wait_in_the_queue))
         threads[1].start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # only catches a hang
         while httpx.get(server.url + "/health").json()["queued"] < 1:
             assert time.monotonic() < deadline, "the second request never queued"
             time.sleep(0.02)
@@ -484,13 +503,12 @@ def test_a_full_queue_answers_503_and_shutdown_is_clean(tiny_models, tmp_path):
         assert refused.headers["Retry-After"] == "1"
 
         # Ctrl-C with one answer streaming and one waiting: both end, and the process exits
-        # 0 promptly (not after the 6000 tokens).
-        stopping = time.perf_counter()
+        # 0 (server.stop's timeout catches a hang).
         assert server.stop() == 0, "\n".join(server.lines)
-        assert time.perf_counter() - stopping < 10
         for thread in threads:
-            thread.join(10)
+            thread.join(60)
         assert "error" in streamed[-1]  # the stream says why it ends early
+        assert len(streamed) < 6000  # ended by the shutdown, not after its 6000 tokens
         assert streamed[-1]["error"]["message"] == "The server is shutting down."
         assert queued and queued[0].status_code == 503
     finally:
