@@ -170,7 +170,8 @@ DrafterModeOpt = Annotated[
         metavar="<mode>",
         help="combined: n-gram lookup, else the draft model, each round's length chosen from "
         "measured costs; model: the draft model, adaptive; ngram: prompt lookup, no draft "
-        "model; fixed: the draft model, always --draft-max tokens.",
+        "model; fixed: the draft model, always --draft-max tokens; none: the target alone "
+        "(as --no-draft).",
     ),
 ]
 
@@ -238,8 +239,8 @@ def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
 DEFAULT_TARGET = "large"
 
 
-def drafting_mode(drafter: DrafterMode, no_draft: bool, draft: str | None) -> str:
-    """The drafting mode run, chat and serve use ("none": the target alone), once the
+def drafting_mode(drafter: DrafterMode, no_draft: bool, draft: str | None) -> DrafterMode:
+    """The drafting mode run, chat and serve use (NONE: the target alone), once the
     options are known not to contradict each other: a flag that would be silently ignored
     is refused with how to fix it."""
     if draft and no_draft:
@@ -251,24 +252,33 @@ def drafting_mode(drafter: DrafterMode, no_draft: bool, draft: str | None) -> st
             "--drafter ngram drafts without a model, so --draft would be ignored.",
             "Drop --draft, or use --drafter combined to draft with both.",
         )
-    return "none" if no_draft else drafter.value
+    if draft and drafter == DrafterMode.NONE:
+        raise BadUsageError(
+            "--drafter none is the target alone, so --draft would be ignored.",
+            "Drop --draft, or choose a --drafter that drafts (combined, model or fixed).",
+        )
+    return DrafterMode.NONE if no_draft else drafter
 
 
 def resolve_models(
-    target: str | None, draft: str | None, *, models: Path | None, offline: bool, mode: str
+    target: str | None,
+    draft: str | None,
+    *,
+    models: Path | None,
+    offline: bool,
+    needs_draft_model: bool,
 ) -> tuple[Path, Path | None]:
     """Registry names, aliases or paths -> local files (pulled first when missing).
 
     Neither means the registry's default pair; --target alone, the smallest drafter in the
     registry that shares its vocabulary (when the drafting mode needs a draft model)."""
     from . import render_fetch
-    from .decoding.adaptive import NEEDS_DRAFT_MODEL
     from .models import fetch
 
     progress = render_fetch.RichFetchProgress()
     resolve = partial(fetch.resolve_model, models_file=models, offline=offline, progress=progress)
     resolved = resolve(target or DEFAULT_TARGET)
-    if mode not in NEEDS_DRAFT_MODEL:
+    if not needs_draft_model:
         return resolved.path, None
     if not draft and not target:
         draft = fetch.load_registry(models).default_draft
@@ -340,7 +350,11 @@ class SharedOptions:
         )
 
     def request(
-        self, target_path: Path, draft_path: Path | None, mode: str, hardware: HardwareOptions
+        self,
+        target_path: Path,
+        draft_path: Path | None,
+        mode: DrafterMode,
+        hardware: HardwareOptions,
     ) -> DecodeRequest:
         return DecodeRequest(
             target=target_path,
@@ -463,7 +477,7 @@ def run(
         prediction = read_predict_option(predict, prompt)
         text = read_prompt(prompt, stdin_taken=predict == "-")
         target_path, draft_path = resolve_models(
-            target, draft, models=models, offline=offline, mode=mode
+            target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
         request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache)
@@ -632,7 +646,7 @@ def chat(
         mode = drafting_mode(drafter, no_draft, draft)
         hardware = shared.hardware()
         target_path, draft_path = resolve_models(
-            target, draft, models=models, offline=offline, mode=mode
+            target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
         request = ChatRequest(decode, no_color=no_color, history=history)
@@ -738,7 +752,7 @@ def serve(
         mode = drafting_mode(drafter, no_draft, draft)
         hardware = shared.hardware()
         target_path, draft_path = resolve_models(
-            target, draft, models=models, offline=offline, mode=mode
+            target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
         options = ServeOptions(host, port, keys(api_key), max_queue, json_log, history_tokens)
@@ -816,7 +830,7 @@ def bench(
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
     from .bench import bench as bench_lib
     from .bench import bench_configs, bench_prompts, bench_report, render_bench
-    from .decoding.adaptive import NEEDS_DRAFT_MODEL
+    from .decoding.adaptive import needs_draft_model
 
     with user_errors():
         hardware = hardware_options(
@@ -824,11 +838,11 @@ def bench(
         )
         modes = [bench_configs.check_bench_mode(m.strip()) for m in drafter.split(",") if m.strip()]
         bases = [bench_configs.split_mode(mode)[0] for mode in modes]
-        needs_model = next((m for m in bases if m in NEEDS_DRAFT_MODEL), "ngram")
+        needs_model = any(needs_draft_model(mode) for mode in bases)
         drafts = draft.split(",") if draft else []
         main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
         target_path, draft_path = resolve_models(
-            target, main_draft, models=models, offline=offline, mode=needs_model
+            target, main_draft, models=models, offline=offline, needs_draft_model=needs_model
         )
         request = bench_lib.BenchRequest(
             target=target_path,

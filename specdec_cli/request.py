@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .decoding.adaptive import DrafterMode
 from .decoding.engine import GenerationSettings, SamplingRule
 from .decoding.sampling import SamplingSettings
 
@@ -34,7 +35,7 @@ class DecodeRequest:
 
     target: Path
     draft: Path | None
-    drafter_mode: str  # see adaptive.build_drafter; "none" for the target alone
+    drafter_mode: DrafterMode  # see adaptive.build_drafter; NONE: the target alone
     system: str | None
     sampling: SamplingSettings
     seed: int | None
@@ -48,7 +49,7 @@ class DecodeRequest:
     @property
     def drafter_label(self) -> str | None:
         """Who drafts, for chat's header and serve's banner: None for the target alone."""
-        if self.drafter_mode == "none":
+        if self.drafter_mode == DrafterMode.NONE:
             return None
         if self.draft is None:
             return "prompt lookup"
@@ -68,7 +69,7 @@ class DecodeRequest:
         return {
             "target": str(self.target),
             "draft": None if self.draft is None else str(self.draft),
-            "drafter": self.drafter_mode,
+            "drafter": str(self.drafter_mode),
             "sampling": asdict(self.sampling),
             "seed": self.seed,
             "max_tokens": self.max_tokens,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.decoding.backend import VocabInfo, kept_prefix
-from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter, Outcome
+from specdec_cli.decoding.drafters import Draft, Drafter, DraftSource, ModelDrafter, Outcome
 from specdec_cli.decoding.sampling import Distribution, SamplingSettings, TokenChooser
 from specdec_cli.errors import ModelFileError
 from specdec_cli.request import DecodeRequest, HardwareOptions
@@ -296,7 +296,8 @@ class FixedDrafter:
 
     def propose(self, context, max_tokens, sampling, chooser) -> Draft:
         tokens = self.tokens[:max_tokens]
-        return Draft(list(tokens), [Distribution.point(t) for t in tokens], "fixed")
+        dists = [Distribution.point(t) for t in tokens]
+        return Draft(list(tokens), dists, DraftSource.NGRAM)  # point masses, as an n-gram's
 
     def observe(self, outcome: Outcome) -> None:
         pass

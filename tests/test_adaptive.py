@@ -19,6 +19,7 @@ from fakes import (
 from specdec_cli.decoding.adaptive import (
     NGRAM_FIRST_PRIORS,
     NGRAM_NEXT_PRIORS,
+    PROBE_BUDGET,
     AcceptanceModel,
     AdaptiveDrafter,
     CostModel,
@@ -30,7 +31,14 @@ from specdec_cli.decoding.adaptive import (
     measure_costs,
     probe_problems,
 )
-from specdec_cli.decoding.drafters import Draft, ModelDrafter, NgramDrafter, NgramMatch, Outcome
+from specdec_cli.decoding.drafters import (
+    Draft,
+    ModelDrafter,
+    NgramDrafter,
+    NgramMatch,
+    Outcome,
+    ngram_draft,
+)
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.sampling import Distribution, GumbelChooser, SamplingSettings
 
@@ -404,6 +412,7 @@ def test_a_model_probe_is_short_however_sure_the_drafter_is():
         CostModel({1: 1.0, 2: 1.1, 32: 1.5}, 0.5, learn=False),
         model=model,
         model_probes=ProbeSchedule(first=0),
+        probe_budget=float("inf"),  # what a probe may cost: test_tries_that_do_not_pay_...
     )
     draft = propose(drafter, [1, 2, 3], max_tokens=8)
     assert draft.source == "model" and draft.tokens == [4, 5, 6, 7]
@@ -420,12 +429,66 @@ def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():
         model=model,
         ngram=NgramDrafter(),
         cost_probes=ProbeSchedule(first=0),
+        probe_budget=float("inf"),
     )
     context = list(range(1, 12))
     draft = propose(drafter, context)
     assert draft.source == "explore" and draft.tokens
     assert draft.tokens == context[len(context) - len(draft.tokens) :]
     assert model.step_seconds == []  # the drafter model was not run
+
+
+def plain_rounds(drafter: AdaptiveDrafter, seconds: float) -> None:
+    """The answer so far: the prompt and rounds without drafts, `seconds` in all (timed with
+    the prompt, so the cost table learns nothing from them)."""
+    drafter.observe(Outcome(Draft.empty(), 0, seconds, True))
+
+
+# The drafter has read none of the 40 tokens of text. A model probe costs its catch-up (39
+# tokens: the 40th is its first step's; 39 x 0.1 s x CATCH_UP_COST = 1.56 s), 5 steps
+# (0.5 s) and a verification of 5 (1.5 s beyond a plain step): 3.56 s. A filler
+# exploration of the cheapest size, 2, costs 0.5 s beyond a plain step.
+TRY_COSTS = {"model probe": 3.56, "filler": 0.5}
+
+
+@pytest.mark.parametrize("kind", TRY_COSTS)
+def test_tries_that_do_not_pay_cost_at_most_their_share_of_the_answer(kind):
+    # Model drafts are priced out by their expected acceptance (though a drafter that is
+    # always right would pay), the text repeats nothing, and a try of the kind is due
+    # every round.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 2: 1.5, 5: 2.5, 8: 3.0}, 0.1, learn=kind == "filler"),
+        model=ModelDrafter(FakeBackend(counting, N_VOCAB)),
+        model_probes=ProbeSchedule(first=0 if kind == "model probe" else 10**6),
+        cost_probes=ProbeSchedule(first=0 if kind == "filler" else 10**6),
+    )
+    drafter.begin(40, [])
+    context = [(7 * i) % N_VOCAB for i in range(40)]
+    plain_rounds(drafter, TRY_COSTS[kind] / PROBE_BUDGET - 1.0)
+    assert propose(drafter, context, max_tokens=64).tokens == []  # over the budget: plain
+    plain_rounds(drafter, 1.001)  # the answer has now taken a little over cost / budget
+    draft = propose(drafter, context, max_tokens=64)
+    assert draft.source == ("model" if kind == "model probe" else "explore") and draft.tokens
+    drafter.observe(Outcome(draft, 0, 1.0 + TRY_COSTS[kind], False))  # it won nothing
+    assert propose(drafter, context, max_tokens=64).tokens == []  # spent: plain again
+
+
+def test_what_drafting_saved_pays_for_a_probe_early():
+    # As above, a model probe costs 3.56 s beyond a plain step, and the answer has taken
+    # only 2 s: but one round before, the target kept 8 drafted tokens for the price of
+    # one, and saved 8 s. Predictable text is where a probe may find model drafts that pay.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 2: 1.5, 5: 2.5, 8: 3.0}, 0.1, learn=False),
+        model=ModelDrafter(FakeBackend(counting, N_VOCAB)),
+        model_probes=ProbeSchedule(first=0),
+    )
+    drafter.begin(40, [])
+    context = [(7 * i) % N_VOCAB for i in range(40)]
+    plain_rounds(drafter, 1.0)
+    drafter.observe(Outcome(ngram_draft(context[-8:], 8), 8, 1.0, False))
+    assert propose(drafter, context, max_tokens=64).source == "model"
 
 
 def test_a_due_exploration_never_cuts_a_planned_draft_short():

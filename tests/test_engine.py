@@ -470,7 +470,11 @@ def test_fake_backend_refuses_to_overflow():
 
 def _drafters_for(target: FakeBackend) -> dict:
     costs = CostModel({1: 1.0, 2: 1.2, 8: 2.0}, 0.1, learn=False)
-    often = {"model_probes": ProbeSchedule(1, 1), "ngram_probes": ProbeSchedule(1, 1)}
+    often = {
+        "model_probes": ProbeSchedule(1, 1),
+        "ngram_probes": ProbeSchedule(1, 1),
+        "probe_budget": float("inf"),  # every kind of draft, however dear
+    }
     return {
         "same": model_drafter(target),
         "similar": model_drafter(target, blended(target.logits_fn, table_model(10, 3), 0.5)),

@@ -8,13 +8,14 @@ from dataclasses import asdict, dataclass, replace
 from ..decoding.adaptive import (
     ADAPTIVE_DRAFT_LIMIT,
     DRAFTER_MODES,
-    NEEDS_DRAFT_MODEL,
     CostModel,
+    DrafterMode,
     build_drafter,
     default_draft_max,
+    needs_draft_model,
     use_history,
 )
-from ..decoding.drafters import Draft, Drafter, Outcome, ngram_draft
+from ..decoding.drafters import Draft, Drafter, DraftSource, Outcome, ngram_draft
 from ..decoding.engine import GenerationSettings
 from ..decoding.history import HistoryIndex
 from ..decoding.sampling import SamplingSettings, TokenChooser
@@ -59,10 +60,10 @@ def configurations(
     kernels: what exactness costs, and the answer every exact configuration must give."""
     for mode in modes:
         check_bench_mode(mode)
-    found = [Configuration(EXACT_ALONE, "none", 1)] if exact else []
+    found = [Configuration(EXACT_ALONE, DrafterMode.NONE, 1)] if exact else []
     for mode_name in modes:
         mode, predicted, history = split_mode(mode_name)
-        drafts = [None, *extra_drafts] if mode in NEEDS_DRAFT_MODEL else [None]
+        drafts = [None, *extra_drafts] if needs_draft_model(mode) else [None]
         for draft in drafts:
             if mode == ORACLE:  # its lengths come from the cost table, as long as pays
                 found.append(Configuration(ORACLE, ORACLE, ADAPTIVE_DRAFT_LIMIT))
@@ -99,7 +100,7 @@ class OracleDrafter:
             return Draft.empty()
         rest = self.reference[len(answer) : len(answer) + max_tokens]
         k = max(range(len(rest) + 1), key=lambda k: (k + 1) / self.costs.verify(k + 1))
-        return ngram_draft(rest[:k], len(answer), source=ORACLE) if k else Draft.empty()
+        return ngram_draft(rest[:k], len(answer), DraftSource.ORACLE) if k else Draft.empty()
 
     def observe(self, outcome: Outcome) -> None:
         pass
@@ -120,7 +121,7 @@ def split_mode(name: str) -> tuple[str, bool, bool]:
 
 def check_bench_mode(name: str) -> str:
     mode, predicted, history = split_mode(name)
-    if mode not in BENCH_MODES or ((predicted or history) and mode in ("fixed", ORACLE)):
+    if mode not in BENCH_MODES or ((predicted or history) and mode in (DrafterMode.FIXED, ORACLE)):
         raise BadUsageError(
             f"unknown drafter '{name}'.",
             f"Use one of {', '.join(BENCH_MODES)}; an adaptive mode (combined, model, ngram) "
@@ -140,7 +141,7 @@ def make_drafter(
     go). The pair's costs, measured once per bench, spare each run its own timing probe.
     `reference`: the target alone's answer in this repeat, for the oracle; `history`: the
     session's earlier prompts and answers, for "+history" modes."""
-    if configuration.drafter == "none":
+    if configuration.drafter == DrafterMode.NONE:
         return None
     if configuration.drafter == ORACLE:
         assert pair.costs is not None  # measured before any run
@@ -148,7 +149,7 @@ def make_drafter(
     drafter, costs = pair.drafter, pair.costs
     if configuration.draft_model is not None:
         drafter, costs = pair.alternates[configuration.draft_model]
-    if configuration.drafter in NEEDS_DRAFT_MODEL and drafter is None:
+    if needs_draft_model(configuration.drafter) and drafter is None:
         raise BadUsageError(
             f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
         )

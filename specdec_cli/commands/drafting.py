@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..decoding.adaptive import build_drafter
+from ..decoding.adaptive import DrafterMode, build_drafter
 from ..decoding.drafters import Drafter
 from ..decoding.history import HistoryFile, HistoryIndex
 from ..models.fetch import FINGERPRINT_CHARS, fingerprints
@@ -16,7 +16,7 @@ from .cost_cache import pair_costs
 
 def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:
     """The drafter the request's mode asks for, timed on this machine."""
-    if request.drafter_mode == "none":
+    if request.drafter_mode == DrafterMode.NONE:
         return None
     costs = pair_costs(pair, request.hardware)
     by_text = pair.drafts_by_text(pair.drafter)

@@ -30,6 +30,7 @@ from .drafters import (
     NO_MATCH,
     Draft,
     Drafter,
+    DraftSource,
     GrowingDrafter,
     ModelDrafter,
     NgramDrafter,
@@ -447,13 +448,13 @@ class AcceptanceModel:
             if draft.source in MODEL_SOURCES:
                 self.for_confidence(draft.confidences[i]).update(hit)
                 (self.model_first if i == 0 else self.model_following).update(hit)
-            elif draft.source == "ngram":
+            elif draft.source == DraftSource.NGRAM:
                 length = draft.match_length
                 (self.for_ngram(length) if i == 0 else self.ngram_next(length)).update(hit)
-            elif draft.source == "prediction":
+            elif draft.source == DraftSource.PREDICTION:
                 first = self.for_prediction(draft.match_length)
                 (first if i == 0 else self.prediction_next).update(hit)
-            elif draft.source == "history":
+            elif draft.source == DraftSource.HISTORY:
                 length = draft.match_length
                 (self.for_history(length) if i == 0 else self.history_next(length)).update(hit)
 
@@ -535,6 +536,17 @@ FILLER_EXPLORE_TOKENS = 7
 # A try that moved its size's cost by more than this fraction found the table wrong: the
 # next comes soon again. One that did not doubles the wait (ProbeSchedule).
 EXPLORE_MOVED = 0.2
+# Tries the plan says do not pay (a model probe; an exploration drafted from the text's own
+# tokens) are made only where, should one win nothing, the answer would still run at
+# 1 - PROBE_BUDGET of the target alone's pace or better: what drafting has saved so far
+# (by the cost table's one-token step) plus this fraction of the time the answer has
+# taken must cover what the try costs beyond a plain step (for a model probe, the drafter's
+# catch-up too). On the AVX2 machine, SmolLM2 drafting for Qwen: unbounded, one model
+# probe's catch-up (the drafter reading prompt and answer, 0.46-0.62 s) and two or three
+# fillers (0.2 s) cost 96-token prose and QA answers 5-12% of their time for nothing; the
+# savings let predictable text (n-gram hits in structured answers) probe early, which is
+# where a probe finds model drafts that pay.
+PROBE_BUDGET = 0.03
 
 
 @dataclass
@@ -555,6 +567,10 @@ class AdaptiveDrafter:
     prompt_length: int = 0
     # Model drafts' realised tokens per second over what their plans expected (see realism).
     model_realism: Rate = field(default_factory=realism)
+    probe_budget: float = PROBE_BUDGET
+    _answer_seconds: float = field(default=0.0, init=False, repr=False)  # this answer's rounds
+    # What this answer's rounds saved against the target alone (negative: what they lost).
+    _saved_seconds: float = field(default=0.0, init=False, repr=False)
     _exploring: tuple[int, float] | None = field(default=None, init=False, repr=False)
     _model_plan: float = field(default=0.0, init=False, repr=False)  # the last one's rate
 
@@ -580,7 +596,7 @@ class AdaptiveDrafter:
         if self.prediction is not None and k_predicted and prediction_rate >= best_other:
             return self.prediction.take(predicted, k_predicted)
         if k_earlier and history_rate >= max(model_rate, ngram_rate, plain_rate * self.margin):
-            return ngram_draft(earlier.tokens[:k_earlier], earlier.length, source="history")
+            return ngram_draft(earlier.tokens[:k_earlier], earlier.length, DraftSource.HISTORY)
         if self.ngram is not None and match.tokens:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
                 self.ngram_probes.paid()
@@ -596,8 +612,10 @@ class AdaptiveDrafter:
             self.model_probes.paid()
             return self._model_draft(context, max_tokens, sampling, chooser)
         # A probe only if a model draft could pay at all, were the drafter always right.
-        if self._model_rate(max_tokens, 0.95, 0.95, catch_up) > plain_rate and (
-            self.model_probes.due()
+        if (
+            self._model_rate(max_tokens, 0.95, 0.95, catch_up) > plain_rate
+            and self.model_probes.due()
+            and self._affordable(self._model_probe_seconds(context))
         ):
             self.model_probes.probed()
             return self._model_draft(
@@ -608,6 +626,7 @@ class AdaptiveDrafter:
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         self.prompt_length = prompt_length
+        self._answer_seconds = self._saved_seconds = 0.0
         if self.ngram is not None:
             self.ngram.begin(prompt_length, prediction)
         self.prediction = PredictionIndex(prediction) if prediction else None
@@ -615,6 +634,7 @@ class AdaptiveDrafter:
     def observe(self, outcome: Outcome) -> None:
         draft = outcome.draft
         self.acceptance.learn(draft, outcome.n_accepted)
+        self._account(outcome)
         if draft.source in MODEL_SOURCES and self._model_plan > 0 and draft.tokens:
             seconds = outcome.draft_seconds + outcome.verify_seconds
             if seconds > 0 and not outcome.includes_prompt:
@@ -632,6 +652,13 @@ class AdaptiveDrafter:
             for seconds in self.model.step_seconds:
                 self.costs.observe_draft_step(seconds)
             self.model.step_seconds.clear()
+
+    def _account(self, outcome: Outcome) -> None:
+        """The answer's time so far, and what its rounds saved against the target alone."""
+        seconds = outcome.draft_seconds + outcome.verify_seconds
+        self._answer_seconds += seconds
+        if not outcome.includes_prompt:  # the target alone decodes the prompt too
+            self._saved_seconds += (outcome.n_accepted + 1) * self.costs.verify(1) - seconds
 
     # -- exploring costs -------------------------------------------------------------------
 
@@ -656,8 +683,14 @@ class AdaptiveDrafter:
         if match.length < MIN_PROBE_MATCH:
             match = NO_MATCH
         filler_tokens = min(FILLER_EXPLORE_TOKENS, len(context)) if self.model is not None else 0
-        available = min(max_tokens, max(len(predicted.tokens), len(match.tokens), filler_tokens))
-        sizes = [n for n in EXPLORE_SIZES if planned < n <= available + 1]
+        drafted = max(len(predicted.tokens), len(match.tokens))
+        available = min(max_tokens, max(drafted, filler_tokens))
+        sizes = [
+            n
+            for n in EXPLORE_SIZES
+            if planned < n <= available + 1
+            and (n <= drafted + 1 or self._affordable(self.costs.verify(n) - self.costs.verify(1)))
+        ]
         if not sizes:
             return None  # nothing to draft from now, or the plan already decodes more: stay due
         size = min(sizes, key=lambda n: (self.costs.observations(n), n))
@@ -668,7 +701,22 @@ class AdaptiveDrafter:
             return self.prediction.take(predicted, k)
         if self.ngram is not None and len(match.tokens) >= k:
             return self.ngram.take(match, k)
-        return ngram_draft(context[len(context) - k :], 0, source="explore")
+        return ngram_draft(context[len(context) - k :], 0, DraftSource.EXPLORE)
+
+    def _affordable(self, seconds: float) -> bool:
+        """Whether a try costing `seconds` beyond a plain step keeps the answer within
+        PROBE_BUDGET of the target alone's pace, should it win nothing."""
+        # Divided, not multiplied: an infinite budget (tests) affords anything from the start.
+        return (seconds - self._saved_seconds) / self.probe_budget <= self._answer_seconds
+
+    def _model_probe_seconds(self, context: Sequence[int]) -> float:
+        """What a model probe costs beyond a plain step: the drafter's whole catch-up (a
+        probe's rarely serves drafts after it), its steps and the longer verification."""
+        assert self.model is not None
+        step = self.costs.draft_step
+        catch_up = self.model.behind(context) * step * CATCH_UP_COST
+        size = MODEL_PROBE_TOKENS + 1
+        return catch_up + size * step + self.costs.verify(size) - self.costs.verify(1)
 
     # -- planning --------------------------------------------------------------------------
 
@@ -775,13 +823,21 @@ class AdaptiveDrafter:
 class DrafterMode(str, Enum):
     """--drafter: how each round's draft is made (see build_drafter)."""
 
+    __str__ = str.__str__  # shown as "combined", not "DrafterMode.COMBINED"
+
     COMBINED = "combined"
     MODEL = "model"
     NGRAM = "ngram"
     FIXED = "fixed"
+    NONE = "none"  # the target alone (--no-draft)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self in (DrafterMode.COMBINED, DrafterMode.MODEL, DrafterMode.FIXED)
 
 
-DRAFTER_MODES = tuple(mode.value for mode in DrafterMode)
+# The modes that draft (build_drafter makes them).
+DRAFTER_MODES = tuple(mode.value for mode in DrafterMode if mode is not DrafterMode.NONE)
 FIXED_DRAFT_LENGTH = 8
 # Adaptive modes choose each round's length themselves; this only bounds it. Long n-gram
 # drafts are what pay on CPU: with llama.cpp's kernels one decode of 32 tokens costs about
@@ -790,11 +846,16 @@ FIXED_DRAFT_LENGTH = 8
 ADAPTIVE_DRAFT_LIMIT = 63
 
 
+def needs_draft_model(mode: str) -> bool:
+    """Whether a --drafter mode (or bench's) drafts with a draft model."""
+    return mode in DRAFTER_MODES and DrafterMode(mode).needs_draft_model
+
+
 def default_draft_max(mode: str) -> int:
-    return FIXED_DRAFT_LENGTH if mode in ("fixed", "none") else ADAPTIVE_DRAFT_LIMIT
+    adaptive = mode not in (DrafterMode.FIXED, DrafterMode.NONE)
+    return ADAPTIVE_DRAFT_LIMIT if adaptive else FIXED_DRAFT_LENGTH
 
 
-NEEDS_DRAFT_MODEL = ("combined", "model", "fixed")
 _PROBE_TEXT = (
     "def mean(values):\n    return sum(values) / len(values)\n\n"
     "def variance(values):\n    m = mean(values)\n"
@@ -819,13 +880,17 @@ def build_drafter(
     `by_text`: the draft model has another vocabulary and drafts by text (text_drafter)."""
     if mode not in DRAFTER_MODES:
         raise ValueError(f"unknown drafter mode {mode!r}")
-    if mode == "fixed":
+    if mode == DrafterMode.FIXED:
         if draft_model is None:
             raise ValueError("the fixed mode drafts with a draft model; none was given")
         return model_drafter(target, draft_model, by_text)
-    model = model_drafter(target, draft_model, by_text) if draft_model and mode != "ngram" else None
+    model = (
+        model_drafter(target, draft_model, by_text)
+        if draft_model and mode != DrafterMode.NGRAM
+        else None
+    )
     costs = costs or measure_pair_costs(target, draft_model if model else None, by_text)
-    ngram = NgramDrafter() if mode in ("combined", "ngram") else None
+    ngram = NgramDrafter() if mode in (DrafterMode.COMBINED, DrafterMode.NGRAM) else None
     return AdaptiveDrafter(costs, model=model, ngram=ngram)
 
 

@@ -6,12 +6,28 @@ import bisect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .backend import Decoder, logits_for_suffix
 from .sampling import Distribution, SamplingSettings, TokenChooser, distribution
+
+
+class DraftSource(str, Enum):
+    """Where a round's draft came from (the engine counts rounds by it; bench shows them)."""
+
+    __str__ = str.__str__  # shown as "ngram", not "DraftSource.NGRAM"
+
+    NONE = "none"  # no draft: the target's own step
+    MODEL = "model"  # a draft model of the target's vocabulary
+    TEXT = "text"  # a draft model of another vocabulary, drafting by text (text_drafter)
+    NGRAM = "ngram"  # prompt lookup: what followed an earlier match in the text
+    PREDICTION = "prediction"  # the request's Predicted Output
+    HISTORY = "history"  # earlier prompts and answers (history.py)
+    EXPLORE = "explore"  # a filler the planner verifies to time a decode size (adaptive.py)
+    ORACLE = "oracle"  # bench's ceiling: the target alone's own answer
 
 
 @dataclass(frozen=True)
@@ -23,13 +39,13 @@ class Draft:
 
     tokens: list[int]
     dists: list[Distribution]
-    source: str
+    source: DraftSource
     confidences: list[float] = field(default_factory=list)
     match_length: int = 0
 
     @classmethod
     def empty(cls) -> Draft:
-        return cls([], [], "none")
+        return cls([], [], DraftSource.NONE)
 
 
 @dataclass(frozen=True)
@@ -44,7 +60,7 @@ class Outcome:
 
 
 # The draft sources a model drafter gives: by token ids, and by text (text_drafter).
-MODEL_SOURCES = ("model", "text")
+MODEL_SOURCES = (DraftSource.MODEL, DraftSource.TEXT)
 
 # Whether a model drafter should add its k-th draft token (0-based), given its confidence
 # in it: decided before the token is drawn (see ModelDrafter.grow).
@@ -132,7 +148,7 @@ class ModelDrafter:
         keep_going: KeepGoing,
     ) -> Draft:
         """Up to `max_tokens` drafted tokens, while `keep_going(k, confidence)` says so."""
-        draft = DraftBuilder("model")
+        draft = DraftBuilder(DraftSource.MODEL)
         sequence = list(context)
         for k in range(max_tokens):
             dist, sure = self.next_distribution(sequence, sampling)
@@ -171,7 +187,7 @@ def step_logits(backend: Decoder, sequence: Sequence[int], timings: list[float])
 class DraftBuilder:
     """Collects draft tokens with the distribution and confidence each came from."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: DraftSource) -> None:
         self.source = source
         self.tokens: list[int] = []
         self.dists: list[Distribution] = []
@@ -309,7 +325,9 @@ class NgramDrafter:
         self.index.answer_start = prompt_length
 
 
-def ngram_draft(tokens: Sequence[int], match_length: int, source: str = "ngram") -> Draft:
+def ngram_draft(
+    tokens: Sequence[int], match_length: int, source: DraftSource = DraftSource.NGRAM
+) -> Draft:
     dists = [Distribution.point(token) for token in tokens]
     return Draft(list(tokens), dists, source, match_length=match_length)
 
@@ -346,4 +364,4 @@ class PredictionIndex:
     def take(self, match: NgramMatch, n_tokens: int) -> Draft:
         """The draft of the first `n_tokens` of `match`, proposed."""
         self._cursor = match.end
-        return ngram_draft(match.tokens[:n_tokens], match.length, source="prediction")
+        return ngram_draft(match.tokens[:n_tokens], match.length, source=DraftSource.PREDICTION)

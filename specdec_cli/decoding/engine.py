@@ -13,7 +13,7 @@ from enum import Enum
 import numpy as np
 
 from .backend import Decoder, logits_for_suffix
-from .drafters import Draft, Drafter, Outcome
+from .drafters import Draft, Drafter, DraftSource, Outcome
 from .sampling import (
     AcceptanceRule,
     Distribution,
@@ -87,7 +87,7 @@ class Round:
 
     drafted: int
     accepted: int
-    source: str
+    source: DraftSource
     draft_seconds: float
     verify_seconds: float
 
@@ -133,7 +133,7 @@ class GenerationStats:
         self.verify_seconds += r.verify_seconds
         self.draft_lengths[r.drafted] += 1
         self.draft_sources[r.source] += 1
-        if r.source == "prediction":  # OpenAI's counts: predicted tokens kept or not
+        if r.source == DraftSource.PREDICTION:  # OpenAI's counts: predicted tokens kept or not
             self.accepted_prediction_tokens += r.accepted
             self.rejected_prediction_tokens += r.drafted - r.accepted
 

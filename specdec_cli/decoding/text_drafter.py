@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .backend import Decoder
-from .drafters import Draft, KeepGoing, Outcome, step_logits, top_probability
+from .drafters import Draft, DraftSource, KeepGoing, Outcome, step_logits, top_probability
 from .sampling import Distribution, SamplingSettings, TokenChooser
 
 # When the drafter's context is full, it starts again from the most recent text, about
@@ -137,7 +137,7 @@ class TextDrafter:
     target: Spelling
     target_bos: int | None = None  # left out of the text the drafter reads
     drafter_bos: int | None = None  # what the drafter starts its own stream with
-    source: str = "text"
+    source: DraftSource = DraftSource.TEXT
     steps: int = field(default=0, init=False)
     step_seconds: list[float] = field(default_factory=list, init=False)
     text: TargetText = field(init=False)
