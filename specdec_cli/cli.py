@@ -13,9 +13,10 @@ from typing import Annotated
 import typer
 
 from . import render
-from .decoding.adaptive import ADAPTIVE_DRAFT_LIMIT, DrafterMode, default_draft_max
 from .decoding.engine import SamplingRule
 from .decoding.history import DEFAULT_HISTORY_TOKENS
+from .decoding.modes import DrafterMode, default_draft_max
+from .decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from .decoding.sampling import SamplingSettings
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .models import rpc
@@ -830,7 +831,7 @@ def bench(
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
     from .bench import bench as bench_lib
     from .bench import bench_configs, bench_prompts, bench_report, render_bench
-    from .decoding.adaptive import needs_draft_model
+    from .decoding.modes import needs_draft_model
 
     with user_errors():
         hardware = hardware_options(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .decoding.adaptive import DrafterMode
 from .decoding.engine import GenerationSettings, SamplingRule
+from .decoding.modes import DrafterMode
 from .decoding.sampling import SamplingSettings
 
 

@@ -16,21 +16,9 @@ from fakes import (
     table_cost,
 )
 
-from specdec_cli.decoding.adaptive import (
-    NGRAM_FIRST_PRIORS,
-    NGRAM_NEXT_PRIORS,
-    PROBE_BUDGET,
-    AcceptanceModel,
-    AdaptiveDrafter,
-    CostModel,
-    ProbeSchedule,
-    ProbeTimings,
-    Rate,
-    build_drafter,
-    expected_tokens,
-    measure_costs,
-    probe_problems,
-)
+from specdec_cli.decoding.acceptance import AcceptanceModel, Rate, expected_tokens
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
+from specdec_cli.decoding.costs import CostModel, ProbeTimings, measure_costs, probe_problems
 from specdec_cli.decoding.drafters import (
     Draft,
     ModelDrafter,
@@ -40,6 +28,8 @@ from specdec_cli.decoding.drafters import (
     ngram_draft,
 )
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
+from specdec_cli.decoding.modes import build_drafter
+from specdec_cli.decoding.policy import NGRAM_FIRST_PRIORS, NGRAM_NEXT_PRIORS, PROBE_BUDGET
 from specdec_cli.decoding.sampling import Distribution, GumbelChooser, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.bench import bench, bench_configs, bench_prompts, bench_report
-from specdec_cli.decoding.adaptive import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.decoding.engine import FinishReason, GenerationStats, SamplingRule
+from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.errors import BadUsageError, ContextOverflowError
 from specdec_cli.models.fetch import cached_sha256

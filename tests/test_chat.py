@@ -258,7 +258,8 @@ def test_scripted_mode_runs_commands_and_reports_bad_ones(tiny_models, tmp_path)
 
 
 def test_predict_drafts_the_next_answer_only(tiny_models, tmp_path):
-    from specdec_cli.decoding.adaptive import CostModel, build_drafter
+    from specdec_cli.decoding.costs import CostModel
+    from specdec_cli.decoding.modes import build_drafter
 
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
     costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)
@@ -284,8 +285,9 @@ def test_predict_with_a_missing_file_says_so(tiny_models, tmp_path):
 
 
 def test_after_a_reset_the_same_question_drafts_from_the_earlier_answer(tiny_models, tmp_path):
-    from specdec_cli.decoding.adaptive import CostModel, build_drafter
+    from specdec_cli.decoding.costs import CostModel
     from specdec_cli.decoding.history import HistoryFile
+    from specdec_cli.decoding.modes import build_drafter
 
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
     costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)

@@ -13,7 +13,7 @@ from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.adaptive import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.models.llama_backend import EXACT_BATCH_ROWS
 from specdec_cli.paths import cache_dir
 
@@ -54,9 +54,9 @@ def timings_pass_their_checks(monkeypatch):
     tests that follow a table into the cache take every table as trusted instead, so they
     do not depend on what else runs (they failed while a download hashed on the other core)."""
     from specdec_cli.commands import cost_cache
-    from specdec_cli.decoding import adaptive
+    from specdec_cli.decoding import costs
 
-    monkeypatch.setattr(adaptive, "probe_problems", lambda timings: [])
+    monkeypatch.setattr(costs, "probe_problems", lambda timings: [])
     monkeypatch.setattr(cost_cache, "table_problems", lambda table: [])
 
 

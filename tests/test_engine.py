@@ -19,8 +19,9 @@ from fakes import (
 )
 from surface import protocol_members, surface_differences
 
-from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
 from specdec_cli.decoding.backend import Backend, Decoder, common_prefix_length
+from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import Drafter, NgramDrafter
 from specdec_cli.decoding.engine import (
     Finished,

@@ -20,7 +20,8 @@ from fakes import FakeBackend, blended, negated, table_model
 from scipy import stats
 
 from specdec_cli.decoding import sampling as sampling_module
-from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel, ProbeSchedule
+from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
+from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings, SamplingRule
 from specdec_cli.decoding.sampling import (

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.build_flags import cpu_flags, rowwise_isa
 from specdec_cli.cli import app
-from specdec_cli.decoding.adaptive import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.errors import ModelFileError
 from specdec_cli.models import llama_backend
 from specdec_cli.models.llama_backend import LlamaBackend

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from specdec_cli.decoding.adaptive import CostModel, build_drafter
+from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
+from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
 from specdec_cli.models import rpc
 from specdec_cli.models.loading import load_pair

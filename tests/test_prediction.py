@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.commands.chat import Command, parse_command
-from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel
+from specdec_cli.decoding.adaptive import AdaptiveDrafter
+from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import PredictionIndex
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 

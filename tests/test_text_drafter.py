@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 from fakes import FakeBackend
 
-from specdec_cli.decoding.adaptive import AdaptiveDrafter, CostModel, NgramDrafter, build_drafter
+from specdec_cli.decoding.adaptive import AdaptiveDrafter
+from specdec_cli.decoding.costs import CostModel
+from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings, SamplingRule
+from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.decoding.text_drafter import TextDrafter, utf8_complete
 

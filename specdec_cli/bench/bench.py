@@ -19,13 +19,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ..commands.prompting import check_prompt_fits, prediction_tokens
-from ..decoding.adaptive import (
-    CostModel,
-    costs_of,
-    measure_pair_costs,
-)
 from ..decoding.backend import Backend, SwitchableKernels
 from ..decoding.comparison import compare_outputs
+from ..decoding.costs import CostModel
 from ..decoding.engine import (
     Finished,
     Generation,
@@ -34,6 +30,7 @@ from ..decoding.engine import (
     SamplingRule,
 )
 from ..decoding.history import HistoryIndex
+from ..decoding.modes import costs_of, measure_pair_costs
 from ..decoding.sampling import SamplingSettings
 from ..errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from ..models.loading import ModelPair, fit_context, load_drafter, load_pair

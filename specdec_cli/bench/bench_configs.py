@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from ..decoding.adaptive import (
-    ADAPTIVE_DRAFT_LIMIT,
+from ..decoding.costs import CostModel
+from ..decoding.drafters import Draft, Drafter, DraftSource, Outcome, ngram_draft
+from ..decoding.engine import GenerationSettings
+from ..decoding.history import HistoryIndex
+from ..decoding.modes import (
     DRAFTER_MODES,
-    CostModel,
     DrafterMode,
     build_drafter,
     default_draft_max,
     needs_draft_model,
     use_history,
 )
-from ..decoding.drafters import Draft, Drafter, DraftSource, Outcome, ngram_draft
-from ..decoding.engine import GenerationSettings
-from ..decoding.history import HistoryIndex
+from ..decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from ..decoding.sampling import SamplingSettings, TokenChooser
 from ..errors import BadUsageError
 from ..models.loading import ModelPair

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..decoding.adaptive import use_history
 from ..decoding.backend import Backend, encode_template_text
 from ..decoding.drafters import Drafter, ModelDrafter
 from ..decoding.engine import (
@@ -30,6 +29,7 @@ from ..decoding.engine import (
     GenerationStats,
 )
 from ..decoding.history import HistoryFile, HistoryIndex
+from ..decoding.modes import use_history
 from ..errors import BadUsageError, ModelFileError, SpecdecError
 from ..models.loading import ModelPair
 from .prompting import check_prompt_fits, prediction_tokens, read_prediction

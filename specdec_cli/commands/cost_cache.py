@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..decoding.adaptive import CostModel, measure_pair_costs, table_problems
+from ..decoding.costs import CostModel, table_problems
+from ..decoding.modes import measure_pair_costs
 from ..json_cache import read_json_cache, update_json_cache
 from ..models.loading import ModelPair
 from ..paths import cache_dir

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..decoding.adaptive import DrafterMode, build_drafter
 from ..decoding.drafters import Drafter
 from ..decoding.history import HistoryFile, HistoryIndex
+from ..decoding.modes import DrafterMode, build_drafter
 from ..models.fetch import FINGERPRINT_CHARS, fingerprints
 from ..models.loading import ModelPair
 from ..request import DecodeRequest

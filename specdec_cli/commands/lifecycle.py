@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..decoding.adaptive import CostModel, costs_of
+from ..decoding.costs import CostModel
 from ..decoding.drafters import Drafter
+from ..decoding.modes import costs_of
 from ..models.loading import ModelLoader, ModelPair, fit_context, load_models, load_with_llama_cpp
 from ..request import DecodeRequest
 from .cost_cache import remember_costs

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import render
-from ..decoding.adaptive import CostModel, use_history
 from ..decoding.comparison import Comparison, compare_outputs
+from ..decoding.costs import CostModel
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation
 from ..decoding.history import HistoryFile
+from ..decoding.modes import use_history
 from ..errors import EXIT_INTERRUPTED
 from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..request import DecodeRequest

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..decoding.adaptive import measure_pair_costs, model_drafter
 from ..decoding.engine import Generation, GenerationSettings
+from ..decoding.modes import measure_pair_costs, model_drafter
 from ..models.fetch import ResolvedModel, models_dir, sha256_of
 from ..models.loading import load_pair
 from ..models.registry import load_registry, record_user_model

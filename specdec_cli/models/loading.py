@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..decoding.adaptive import CostModel
 from ..decoding.backend import Backend
+from ..decoding.costs import CostModel
 from ..request import DecodeRequest, HardwareOptions
 from .compat import vocabulary_difference
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from ..commands.prompting import check_prompt_fits
-from ..decoding.adaptive import use_history
 from ..decoding.backend import encode_chat
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
+from ..decoding.modes import use_history
 from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
 from ..models import rpc
 from ..models.loading import ModelPair

@@ -1,0 +1,286 @@
+"""What decodes cost on this machine: the table the planner prices drafts with, probed at
+the start and corrected by every decode the engine times."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import numpy as np
+
+from .backend import Decoder
+from .policy import (
+    COST_WINDOW,
+    DRAFT_STEP_WINDOW,
+    MEASURED_SIZES,
+    PROBE_AGREEMENT,
+    PROBE_BATCH_SLACK,
+    PROBE_JITTER,
+    PROBE_REPEATS,
+    PROBE_SHRINK,
+    RATIO_LIMITS,
+    TABLE_SIZES,
+)
+
+
+@dataclass
+class CostModel:
+    """Seconds for one target decode of n tokens, and for one drafter step.
+
+    `verify_seconds` is the table the run starts from (a probe, or the cache): a prior. On
+    CPUs it is far from linear (8 tokens cost 6x one token, 16 barely more than 8, as
+    llama.cpp switches kernels), so it is interpolated, not fitted with a line. Each decode
+    the engine times then corrects it: a size measured in this run costs the median of its
+    recent decodes, and any other size costs the prior's value scaled by the measured/prior
+    ratio of the measured sizes around it (interpolated; the nearest one's beyond them). A
+    table that is wrong by a factor (probed while the machine was busy) heals from a few
+    decodes, and a size never tried keeps the prior's shape at the measured level."""
+
+    verify_seconds: dict[int, float]
+    draft_step: float
+    learn: bool = True  # refine from each round's timings
+    origin: str = "probe"  # where the starting table came from (shown with it)
+    trusted: bool = True  # False: a probe that failed its checks (see probe_problems)
+    # When this starting table was measured (wall clock; a cache entry's measured_at).
+    started_at: float = field(default_factory=time.time)
+    _observed: dict[int, deque] = field(default_factory=dict, init=False, repr=False)
+    _medians: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _counts: Counter = field(default_factory=Counter, init=False, repr=False)
+    _steps: deque = field(
+        default_factory=lambda: deque(maxlen=DRAFT_STEP_WINDOW), init=False, repr=False
+    )
+    _start_step: float = field(default=0.0, init=False, repr=False)
+    _dense: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._start_step = self.draft_step
+
+    def verify(self, n_tokens: int) -> float:
+        if self._dense is None or n_tokens > len(self._dense):
+            self._dense = self._interpolate(max(n_tokens, 64))
+        return max(1e-6, float(self._dense[n_tokens - 1]))
+
+    def _interpolate(self, up_to: int) -> np.ndarray:
+        sizes = sorted(self._observed)
+        prior = _interpolate_table(self.verify_seconds, max(up_to, *sizes, 1))
+        if not sizes:
+            return prior[:up_to]
+        ratios = [self._medians[n] / max(prior[n - 1], 1e-9) for n in sizes]
+        ratios = np.clip(ratios, *RATIO_LIMITS)
+        wanted = np.arange(1, up_to + 1)
+        return prior[:up_to] * np.interp(wanted, sizes, ratios)
+
+    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        if self.learn and seconds > 0:
+            recent = self._observed.setdefault(n_tokens, deque(maxlen=COST_WINDOW))
+            recent.append(seconds)
+            self._medians[n_tokens] = float(np.median(recent))
+            self._counts[n_tokens] += 1
+            self._dense = None
+
+    def observe_draft_step(self, seconds: float) -> None:
+        if self.learn and seconds > 0:
+            self._steps.append(seconds)
+            self.draft_step = float(np.median(self._steps))
+
+    def observations(self, n_tokens: int) -> int:
+        """Decodes of n tokens timed so far in this run."""
+        return self._counts[n_tokens]
+
+    @property
+    def decodes_observed(self) -> int:
+        return sum(self._counts.values())
+
+    def table(self) -> dict[int, float]:
+        """The target's cost now, at the sizes a probe measures (and the prior's own)."""
+        sizes = sorted({*TABLE_SIZES, *self.verify_seconds})
+        return {n: self.verify(n) for n in sizes}
+
+    def fresh(self) -> CostModel:
+        """The same starting table with nothing learned yet (a new answer's own copy)."""
+        return CostModel(
+            dict(self.verify_seconds),
+            self._start_step,
+            self.learn,
+            self.origin,
+            self.trusted,
+            self.started_at,
+        )
+
+    def absorb(self, other: CostModel) -> None:
+        """Pool another model's timed decodes into this one's (bench: every run's)."""
+        for n, samples in other._observed.items():
+            for seconds in samples:
+                self.observe_verify(n, seconds)
+        self._counts.update({n: c - len(other._observed[n]) for n, c in other._counts.items()})
+        for seconds in other._steps:
+            self.observe_draft_step(seconds)
+
+    def healed(self) -> CostModel:
+        """What this run learned, as a starting table for the next."""
+        return CostModel(self.table(), self.draft_step, self.learn, "learned", self.trusted)
+
+    def as_dict(self) -> dict:
+        """The table the run started from, the one it has now, and how many decodes of each
+        size corrected it."""
+        return {
+            "origin": self.origin,
+            "started": _cost_record(self.verify_seconds, self._start_step),
+            "now": _cost_record(self.table(), self.draft_step),
+            "observed": {str(n): c for n, c in sorted(self._counts.items())},
+        }
+
+
+def _cost_record(table: dict[int, float], step: float) -> dict:
+    return {
+        "target_decode_ms": {str(n): round(1000 * s, 2) for n, s in sorted(table.items())},
+        "draft_step_ms": round(1000 * step, 2),
+    }
+
+
+def _interpolate_table(table: dict[int, float], up_to: int) -> np.ndarray:
+    """Seconds for 1..up_to tokens from a table over some sizes: straight lines between
+    them, the last slope beyond them."""
+    sizes = sorted(table)
+    seconds = [table[n] for n in sizes]
+    wanted = np.arange(1, up_to + 1)
+    dense = np.interp(wanted, sizes, seconds)
+    if len(sizes) > 1:
+        slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+        beyond = wanted > sizes[-1]
+        dense[beyond] = seconds[-1] + slope * (wanted[beyond] - sizes[-1])
+    return dense
+
+
+@dataclass
+class ProbeTimings:
+    """A probe's raw timings: seconds per repetition, for each target size and the drafter."""
+
+    verify: dict[int, list[float]]
+    draft_step: list[float]
+
+    def merged(self, other: ProbeTimings) -> ProbeTimings:
+        return ProbeTimings(
+            {n: [*s, *other.verify.get(n, [])] for n, s in self.verify.items()},
+            [*self.draft_step, *other.draft_step],
+        )
+
+
+def probe_problems(timings: ProbeTimings) -> list[str]:
+    """Why a probe's timings cannot be trusted (none: they can). Something else running
+    during a probe shows as samples that disagree, or a batch dearer than its tokens
+    decoded one by one, or a longer batch cheaper than a shorter one."""
+    problems = []
+    for n, samples in sorted(timings.verify.items()):
+        if not _agree(samples):
+            problems.append(f"{n} tokens: repeated timings disagree ({_ms(samples)})")
+    if timings.draft_step and not _agree(timings.draft_step):
+        problems.append(f"drafter step: repeated timings disagree ({_ms(timings.draft_step)})")
+    table = {n: float(np.median(s)) for n, s in timings.verify.items()}
+    return problems + table_problems(table)
+
+
+def table_problems(table: dict[int, float]) -> list[str]:
+    """Shape checks of a cost table: costs grow with n, within a tolerance, and n tokens
+    cost no more than about n one-token decodes."""
+    problems = []
+    sizes = sorted(table)
+    for smaller, larger in pairwise(sizes):
+        if table[larger] + PROBE_JITTER < (1 - PROBE_SHRINK) * table[smaller]:
+            problems.append(f"{larger} tokens cost less than {smaller}")
+    one = table.get(1)
+    for n in sizes:
+        if one is not None and n > 1 and table[n] > PROBE_BATCH_SLACK * n * one + PROBE_JITTER:
+            problems.append(f"{n} tokens cost more than {n} one-token decodes")
+    return problems
+
+
+def _agree(samples: Sequence[float]) -> bool:
+    return max(samples) <= PROBE_AGREEMENT * min(samples) + PROBE_JITTER
+
+
+def _ms(samples: Sequence[float]) -> str:
+    return "/".join(f"{1000 * s:.0f}" for s in samples) + " ms"
+
+
+def conservative_table(timings: ProbeTimings) -> dict[int, float]:
+    """From timings that failed the checks: each size's fastest sample (something else
+    running only ever slows a decode), made to grow with n and capped at n one-token
+    decodes, so no draft length starts out looking hopeless."""
+    table: dict[int, float] = {}
+    for n in sorted(timings.verify):
+        fastest = min(timings.verify[n])
+        if table:
+            fastest = max(fastest, max(table.values()))
+        if 1 in table:
+            fastest = min(fastest, n * table[1])
+        table[n] = fastest
+    return table
+
+
+def measure_costs(
+    target: Decoder,
+    drafter: Decoder | None,
+    probe: Sequence[int],
+    drafter_probe: Sequence[int] | None = None,
+) -> CostModel:
+    """Time the decodes that matter on this machine, on a throwaway probe text, and check
+    the timings (see probe_problems). A probe that fails is taken again; if that fails too,
+    the run starts from a conservative table built from both, marked untrusted (not to be
+    cached) and healed by the run's own decodes."""
+    drafter_probe = probe if drafter_probe is None else drafter_probe
+    first = _probe(target, drafter, probe, drafter_probe)
+    problems = probe_problems(first)
+    if not problems:
+        return _probed(first, "probe")
+    second = _probe(target, drafter, probe, drafter_probe)
+    if not probe_problems(second):
+        return _probed(second, "probe, second try")
+    both = first.merged(second)
+    step = min(both.draft_step) if both.draft_step else 0.0
+    origin = f"probe failed its checks twice ({problems[0]}): conservative table"
+    return CostModel(conservative_table(both), step, origin=origin, trusted=False)
+
+
+def _probed(timings: ProbeTimings, origin: str) -> CostModel:
+    table = {n: float(np.median(s)) for n, s in timings.verify.items()}
+    step = float(np.median(timings.draft_step)) if timings.draft_step else 0.0
+    return CostModel(table, step, origin=origin)
+
+
+def _probe(
+    target: Decoder, drafter: Decoder | None, probe: Sequence[int], drafter_probe: Sequence[int]
+) -> ProbeTimings:
+    context = list(probe[: len(probe) - max(MEASURED_SIZES)])
+    room = min(target.n_ctx, len(probe)) - len(context)
+    verify = {
+        n: _decode_seconds(target, context, probe[len(context) : len(context) + n])
+        for n in MEASURED_SIZES
+        if n <= room
+    }
+    step = []
+    if drafter is not None:  # one step after about as much text as the target's context
+        cut = max(1, min(len(drafter_probe) - 1, len(context)))
+        step = _decode_seconds(drafter, drafter_probe[:cut], drafter_probe[cut : cut + 1])
+    for backend in (target, drafter):
+        if backend is not None:
+            backend.truncate(0)
+    return ProbeTimings(verify, step)
+
+
+def _decode_seconds(
+    backend: Decoder, context: Sequence[int], tail: Sequence[int], reps: int = PROBE_REPEATS
+) -> list[float]:
+    if backend.cached[: len(context)] != list(context):
+        backend.truncate(0)
+        backend.decode(context, 1)
+    samples = []
+    for _ in range(reps):
+        backend.truncate(len(context))
+        began = time.perf_counter()
+        backend.decode(tail, len(tail))
+        samples.append(time.perf_counter() - began)
+    return samples
