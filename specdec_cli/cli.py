@@ -569,7 +569,7 @@ def show_history(
     ] = False,
 ) -> None:
     """Show what a --history folder holds (or clear it)."""
-    from .decoding import history
+    from .commands import history_file as history
 
     with user_errors():
         if folder is None:

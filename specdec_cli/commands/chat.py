@@ -28,10 +28,11 @@ from ..decoding.engine import (
     GenerationSettings,
     GenerationStats,
 )
-from ..decoding.history import HistoryFile, HistoryIndex
+from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
 from ..errors import BadUsageError, ModelFileError, SpecdecError
 from ..models.loading import ModelPair
+from .history_file import HistoryFile
 from .prompting import check_prompt_fits, prediction_tokens, read_prediction
 
 COMMANDS: dict[str, str] = {

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..decoding.drafters import Drafter
-from ..decoding.history import HistoryFile, HistoryIndex
+from ..decoding.history import HistoryIndex
 from ..decoding.modes import DrafterMode, build_drafter
 from ..models.fetch import FINGERPRINT_CHARS, fingerprints
 from ..models.loading import ModelPair
 from ..request import DecodeRequest
 from .cost_cache import pair_costs
+from .history_file import HistoryFile
 
 
 def drafter_for(request: DecodeRequest, pair: ModelPair) -> Drafter | None:

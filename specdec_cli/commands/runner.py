@@ -14,12 +14,12 @@ from ..decoding.comparison import Comparison, compare_outputs
 from ..decoding.costs import CostModel
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation
-from ..decoding.history import HistoryFile
 from ..decoding.modes import use_history
 from ..errors import EXIT_INTERRUPTED
 from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..request import DecodeRequest
 from .drafting import load_history
+from .history_file import HistoryFile
 from .lifecycle import loaded_pair
 from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
 from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
