@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -314,8 +314,9 @@ def draft_label(name: str) -> str:
 
 @dataclass(frozen=True)
 class SharedOptions:
-    """The options run, chat and serve share, by name: built from each command's own
-    arguments, so a renamed or missing flag is a type error, not a silent default."""
+    """The options run, chat and serve share, by name: taken from each command's own
+    arguments (`of(locals())`), so a renamed or missing flag fails that command's first
+    call (every command's CLI tests make one), not a silent default."""
 
     system: str | None
     temp: float
@@ -337,17 +338,22 @@ class SharedOptions:
     rule: SamplingRule
     verbose: bool
 
+    @classmethod
+    def of(cls, arguments: dict) -> SharedOptions:
+        """From a command's arguments (its `locals()`), each field by its name."""
+        return cls(**{option.name: arguments[option.name] for option in fields(cls)})
+
     def hardware(self) -> HardwareOptions:
         """Checked first, before any model is looked up (a bad --tensor-split fetches nothing)."""
         return hardware_options(
-            self.ctx_size,
-            self.threads,
-            self.gpu_layers,
-            self.draft_gpu_layers,
-            self.verbose,
-            self.exact,
-            self.rpc,
-            self.tensor_split,
+            ctx_size=self.ctx_size,
+            threads=self.threads,
+            gpu_layers=self.gpu_layers,
+            draft_gpu_layers=self.draft_gpu_layers,
+            verbose=self.verbose,
+            exact=self.exact,
+            rpc_text=self.rpc,
+            tensor_split_text=self.tensor_split,
         )
 
     def request(
@@ -374,6 +380,7 @@ class SharedOptions:
 
 
 def hardware_options(
+    *,
     ctx_size: int | None,
     threads: int | None,
     gpu_layers: int,
@@ -388,7 +395,14 @@ def hardware_options(
         raise BadUsageError("--tensor-split shares the target among --rpc workers.", "Add --rpc.")
     shares = rpc.parse_tensor_split(tensor_split_text, len(workers)) if tensor_split_text else ()
     return HardwareOptions(
-        ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact, workers, shares
+        ctx_size=ctx_size,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        verbose=verbose,
+        exact=exact,
+        rpc=workers,
+        tensor_split=shares,
     )
 
 
@@ -450,27 +464,7 @@ def run(
     """Answer one prompt; only the answer goes to stdout."""
     from .commands.runner import RunRequest, run_once
 
-    shared = SharedOptions(
-        system=system,
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop,
-        draft_max=draft_max,
-        threads=threads,
-        ctx_size=ctx_size,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        rpc=rpc,
-        tensor_split=tensor_split,
-        force=force,
-        exact=exact,
-        rule=rule,
-        verbose=verbose,
-    )
+    shared = SharedOptions.of(locals())
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
@@ -621,27 +615,7 @@ def chat(
     """
     from .commands.chat_loop import ChatRequest, run_chat
 
-    shared = SharedOptions(
-        system=system,
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop,
-        draft_max=draft_max,
-        threads=threads,
-        ctx_size=ctx_size,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        rpc=rpc,
-        tensor_split=tensor_split,
-        force=force,
-        exact=exact,
-        rule=rule,
-        verbose=verbose,
-    )
+    shared = SharedOptions.of(locals())
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
@@ -727,27 +701,7 @@ def serve(
     from .serve.server import ServeOptions, ServeRequest
     from .serve.server import serve as run_server
 
-    shared = SharedOptions(
-        system=system,
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop,
-        draft_max=draft_max,
-        threads=threads,
-        ctx_size=ctx_size,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        rpc=rpc,
-        tensor_split=tensor_split,
-        force=force,
-        exact=exact,
-        rule=rule,
-        verbose=verbose,
-    )
+    shared = SharedOptions.of(locals())
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
@@ -831,15 +785,19 @@ def bench(
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
     from .bench import bench as bench_lib
     from .bench import bench_configs, bench_prompts, bench_report, render_bench
-    from .decoding.modes import needs_draft_model
 
     with user_errors():
         hardware = hardware_options(
-            ctx_size, threads, gpu_layers, draft_gpu_layers, verbose, exact, rpc, tensor_split
+            ctx_size=ctx_size,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            draft_gpu_layers=draft_gpu_layers,
+            verbose=verbose,
+            exact=exact,
+            rpc_text=rpc,
+            tensor_split_text=tensor_split,
         )
-        modes = [bench_configs.check_bench_mode(m.strip()) for m in drafter.split(",") if m.strip()]
-        bases = [bench_configs.split_mode(mode)[0] for mode in modes]
-        needs_model = any(needs_draft_model(mode) for mode in bases)
+        modes, needs_model = bench_configs.parse_modes(drafter)
         drafts = draft.split(",") if draft else []
         main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
         target_path, draft_path = resolve_models(

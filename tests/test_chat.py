@@ -285,8 +285,8 @@ def test_predict_with_a_missing_file_says_so(tiny_models, tmp_path):
 
 
 def test_after_a_reset_the_same_question_drafts_from_the_earlier_answer(tiny_models, tmp_path):
-    from specdec_cli.decoding.costs import CostModel
     from specdec_cli.commands.history_file import HistoryFile
+    from specdec_cli.decoding.costs import CostModel
     from specdec_cli.decoding.modes import build_drafter
 
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))

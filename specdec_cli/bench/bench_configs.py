@@ -119,6 +119,12 @@ def split_mode(name: str) -> tuple[str, bool, bool]:
     return mode, PREDICTION_SUFFIX in suffixes, HISTORY_SUFFIX in suffixes
 
 
+def parse_modes(text: str) -> tuple[list[str], bool]:
+    """--drafter's list (each checked), and whether any of them drafts with a draft model."""
+    modes = [check_bench_mode(mode.strip()) for mode in text.split(",") if mode.strip()]
+    return modes, any(needs_draft_model(split_mode(mode)[0]) for mode in modes)
+
+
 def check_bench_mode(name: str) -> str:
     mode, predicted, history = split_mode(name)
     if mode not in BENCH_MODES or ((predicted or history) and mode in (DrafterMode.FIXED, ORACLE)):
