@@ -10,7 +10,7 @@ from .decoding.modes import DrafterMode
 from .decoding.sampling import SamplingSettings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # by name only: two swapped ints would pass
 class HardwareOptions:
     ctx_size: int | None = None  # None: as much as the text needs (see fit_context)
     threads: int | None = None
