@@ -183,6 +183,29 @@ def test_each_api_key_drafts_only_from_its_own_history(tiny_models):
     assert [len(models.histories[key]) for key in ("key 1", "key 2")] == [2, 2]
 
 
+def test_a_conversation_resent_whole_is_stored_once_turn_by_turn(tiny_models):
+    # A chat client resends every earlier turn with each request: the history keeps each
+    # turn once (what the prompt shares with the last turn is stored already), not the
+    # whole conversation again each time (about five times the conversation after ten).
+    max_tokens = 8
+    models = drafting_thread(tiny_models, DEFAULT_HISTORY_TOKENS)
+    messages: list[dict[str, str]] = []
+    answers = []
+    try:
+        for turn in range(10):
+            messages.append({"role": "user", "content": f"tell me about the number {turn}"})
+            answer = run_job(models, ChatPrompt(list(messages)), GenerationSettings(max_tokens=8))
+            answers.append(answer[-1])
+            messages.append({"role": "assistant", "content": answer[-1].finished.text})
+    finally:
+        models.close()
+    stored = models.histories[None].tokens
+    conversation = answers[-1].prompt_tokens + len(answers[-1].finished.tokens)
+    every_answer = sum(len(answer.finished.tokens) for answer in answers)
+    # At most an answer's worth more per turn: a resent answer may tokenise otherwise.
+    assert every_answer <= stored <= conversation + 10 * max_tokens
+
+
 def test_another_keys_request_does_not_reuse_the_kv_cache_one_left(tiny_models):
     """`cached_tokens` would tell client 2 what client 1's prompt began with."""
     prompt = TextPrompt("the cat sat on the mat " * 30)  # whole prompt chunks to reuse

@@ -186,8 +186,9 @@ class ChatSession:
         history_file: HistoryFile | None = None,
     ) -> None:
         """`drafter` defaults to the pair's draft model drafting --draft-max tokens a round.
-        Each answer goes to `history` (earlier answers an adaptive drafter drafts from, also
-        after /reset or a regenerated turn) and, with --history, to `history_file`."""
+        Each turn goes to `history` once (HistoryIndex.add_turn: the new part of the prompt and
+        the answer, what an adaptive drafter drafts from, also after /reset or a regenerated
+        turn) and, with --history, to `history_file`."""
         self.pair = pair
         self.history = history if history is not None else HistoryIndex()
         self.history_file = history_file
@@ -292,7 +293,7 @@ class ChatSession:
         generation = turn.generation
         reply = finished.text
         if finished.finish_reason != FinishReason.INTERRUPTED:
-            self._remember(finished.tokens)
+            self._remember(generation.prompt, finished.tokens)
         self.exchanges.append(
             Exchange(turn.user, reply, finished.finish_reason == FinishReason.INTERRUPTED)
         )
@@ -322,10 +323,10 @@ class ChatSession:
         self.totals.merge(finished.stats)
         return record
 
-    def _remember(self, answer: list[int]) -> None:
-        self.history.add(answer)
+    def _remember(self, prompt: list[int], answer: list[int]) -> None:
+        document = self.history.add_turn(prompt, answer)
         if self.history_file is not None:
-            self.history_problem = self.history_file.append(answer)
+            self.history_problem = self.history_file.append(document)
             if self.history_problem:
                 self.history_file = None  # unwritable: the session goes on without it
 

@@ -14,6 +14,7 @@ from ..decoding.comparison import Comparison, compare_outputs
 from ..decoding.costs import CostModel
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation
+from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
 from ..errors import EXIT_INTERRUPTED
 from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
@@ -108,6 +109,7 @@ class _Memory:
     """--history and --prompt-cache: what a run reads before it answers and keeps after."""
 
     history: HistoryFile | None = None
+    index: HistoryIndex | None = None  # the file's documents, drafted from
     cache: PromptCache | None = None
     documents: int = 0  # earlier prompts and answers --history offered to draft from
     # Prompt tokens restored from a saved state, and the seconds looking and restoring took.
@@ -119,10 +121,12 @@ class _Memory:
     ) -> _Memory:
         memory = cls()
         if request.history is not None:
-            memory.history, index, damaged = load_history(request.history, request.decode.target)
+            memory.history, memory.index, damaged = load_history(
+                request.history, request.decode.target
+            )
             render.print_history_damage(err, memory.history.path, damaged)
-            use_history(drafter, index)
-            memory.documents = len(index)
+            use_history(drafter, memory.index)
+            memory.documents = len(memory.index)
         if request.prompt_cache is not None and isinstance(pair.target, StatefulBackend):
             key = prompt_cache_key(pair, request.decode.hardware)
             memory.cache = PromptCache(request.prompt_cache, key)
@@ -151,8 +155,8 @@ class _Memory:
         }
 
     def keep(self, pair: ModelPair, prompt: list[int], finished: Finished, err: Console) -> None:
-        if self.history is not None:
-            problem = self.history.append([*prompt, *finished.tokens])
+        if self.history is not None and self.index is not None:
+            problem = self.history.append(self.index.add_turn(prompt, finished.tokens))
             if problem:
                 render.print_warning(err, "history", problem)
         if self.cache is not None and isinstance(pair.target, StatefulBackend):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 
+from .backend import common_prefix_length
 from .drafters import NO_MATCH, NgramMatch
 
 # A lookup keys on the text's last KEY_TOKENS tokens: shorter endings are mostly chance.
@@ -37,6 +38,7 @@ class HistoryIndex:
         self.max_tokens = max_tokens
         self._documents: deque[tuple[int, ...]] = deque()
         self._size = 0
+        self._last_turn: list[int] = []  # the prompt and answer add_turn saw last
         self._rebuild()
 
     def __len__(self) -> int:
@@ -62,6 +64,17 @@ class HistoryIndex:
             self._rebuild()
         else:
             self._append(document)
+
+    def add_turn(self, prompt: Sequence[int], answer: Sequence[int]) -> list[int]:
+        """Remember a prompt and its answer, each part of a conversation once: what the
+        prompt shares with the last turn remembered (a chat client resends the whole
+        conversation; a new one may share its system message) is stored already, so only
+        the rest and the answer are. Returns the document stored (for --history's file)."""
+        prompt, answer = [int(t) for t in prompt], [int(t) for t in answer]
+        document = [*prompt[common_prefix_length(prompt, self._last_turn) :], *answer]
+        self.add(document)
+        self._last_turn = [*prompt, *answer]
+        return document
 
     def lookup(self, context: Sequence[int], max_tokens: int) -> NgramMatch:
         """What most often followed the longest earlier matches of the context's ending

@@ -280,7 +280,7 @@ class ModelThread:
         finally:
             events.close()
         if finished is not None and history is not None:
-            history.add([*prompt, *finished.tokens])
+            history.add_turn(prompt, finished.tokens)  # a resent conversation: its new part
         job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
 
     def _tokens(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
