@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from ..commands.prompting import check_prompt_fits
+from ..commands.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from ..decoding.backend import encode_chat
 from ..decoding.drafters import Drafter
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
@@ -259,9 +259,8 @@ class ModelThread:
             param = "messages" if isinstance(job.prompt, ChatPrompt) else "prompt"
             raise ServeError(Failure.TOO_LONG, str(error), param) from None
         settings = job.settings
-        if job.prediction:
-            predicted = target.tokenize(job.prediction, add_special=False)
-            settings = replace(settings, prediction=tuple(predicted))
+        if job.prediction:  # tokenised as run does it (prompting.py)
+            settings = replace(settings, prediction=prediction_tokens(target, job.prediction))
         cached = target.prompt_reuse(prompt)
         job.post(Started(len(prompt), cached))
 
@@ -286,7 +285,7 @@ class ModelThread:
     def _tokens(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
         target = self.pair.target
         if isinstance(prompt, TextPrompt):
-            tokens = target.tokenize(prompt.text, add_special=True)
+            tokens = prompt_tokens(target, prompt.text, system=None, raw=True)
         else:
             if target.chat_template() is None:
                 raise bad_prompt(
