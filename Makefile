@@ -18,12 +18,14 @@ install: $(STAMP)
 # llama-cpp-python compiles llama.cpp from source: scripts/build-llama-cpp-python.sh fetches the
 # pinned sdist, applies patches/llama.cpp/*.patch (batch-invariant kernels: exact mode) and
 # builds with CMake flags from build_flags.py that are safe for this CPU (never AMX), plus
-# SPECDEC_CMAKE_ARGS; CMAKE_ARGS replaces the computed flags.
+# SPECDEC_CMAKE_ARGS; CMAKE_ARGS replaces the computed flags. setuptools says "Editable
+# installation... be careful with folders" as a UserWarning on every editable install:
+# noise on a newcomer's first screen, so not shown (PYTHONWARNINGS below).
 $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh $(LLAMA_PATCHES) $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
-	$(PY) -m pip install --quiet -e ".[test]"
+	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -c "from specdec_cli.models import llama_backend as b; assert b.has_invariant_kernels(), 'llama.cpp built without specdec patches'; print('llama-cpp-python', b.library_version(), 'ready, batch-invariant kernels: yes')"
 	touch $(STAMP)
 
