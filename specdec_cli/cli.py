@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -345,16 +346,7 @@ class SharedOptions:
 
     def hardware(self) -> HardwareOptions:
         """Checked first, before any model is looked up (a bad --tensor-split fetches nothing)."""
-        return hardware_options(
-            ctx_size=self.ctx_size,
-            threads=self.threads,
-            gpu_layers=self.gpu_layers,
-            draft_gpu_layers=self.draft_gpu_layers,
-            verbose=self.verbose,
-            exact=self.exact,
-            rpc_text=self.rpc,
-            tensor_split_text=self.tensor_split,
-        )
+        return hardware_options(vars(self))
 
     def request(
         self,
@@ -379,28 +371,21 @@ class SharedOptions:
         )
 
 
-def hardware_options(
-    *,
-    ctx_size: int | None,
-    threads: int | None,
-    gpu_layers: int,
-    draft_gpu_layers: int,
-    verbose: bool,
-    exact: bool,
-    rpc_text: str | None,
-    tensor_split_text: str | None,
-) -> HardwareOptions:
+def hardware_options(arguments: Mapping[str, Any]) -> HardwareOptions:
+    """--ctx-size, --threads, the GPU layers, --verbose, --exact, --rpc and --tensor-split,
+    from a command's arguments by their names (its `locals()`), checked."""
+    rpc_text, split_text = arguments["rpc"], arguments["tensor_split"]
     workers = rpc.parse_endpoints(rpc_text) if rpc_text else ()
-    if tensor_split_text and not workers:
+    if split_text and not workers:
         raise BadUsageError("--tensor-split shares the target among --rpc workers.", "Add --rpc.")
-    shares = rpc.parse_tensor_split(tensor_split_text, len(workers)) if tensor_split_text else ()
+    shares = rpc.parse_tensor_split(split_text, len(workers)) if split_text else ()
     return HardwareOptions(
-        ctx_size=ctx_size,
-        threads=threads,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        verbose=verbose,
-        exact=exact,
+        ctx_size=arguments["ctx_size"],
+        threads=arguments["threads"],
+        gpu_layers=arguments["gpu_layers"],
+        draft_gpu_layers=arguments["draft_gpu_layers"],
+        verbose=arguments["verbose"],
+        exact=arguments["exact"],
         rpc=workers,
         tensor_split=shares,
     )
@@ -787,16 +772,7 @@ def bench(
     from .bench import bench_configs, bench_prompts, bench_report, render_bench
 
     with user_errors():
-        hardware = hardware_options(
-            ctx_size=ctx_size,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            draft_gpu_layers=draft_gpu_layers,
-            verbose=verbose,
-            exact=exact,
-            rpc_text=rpc,
-            tensor_split_text=tensor_split,
-        )
+        hardware = hardware_options(locals())
         modes, needs_model = bench_configs.parse_modes(drafter)
         drafts = draft.split(",") if draft else []
         main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]

@@ -103,9 +103,11 @@ def test_run_prints_one_json_record_with_the_target_alones_answer(capsys):
     assert loader.asked == [("target.gguf", False), ("drafter.gguf", True)]
 
 
-def answer_plainly(target: FakeBackend, capsys) -> tuple[int, str, str]:
-    """`specdec run --raw abc -n 16` as a pipeline sees it: exit code, stdout, stderr."""
-    request = RunRequest(decode_request(target=TARGET, max_tokens=16), "abc", raw=True)
+def answer_plainly(target: FakeBackend, capsys, verify: bool = False) -> tuple[int, str, str]:
+    """`specdec run --raw abc -n 16` (--verify) as a pipeline sees it: exit code, stdout,
+    stderr."""
+    decode = decode_request(target=TARGET, max_tokens=16)
+    request = RunRequest(decode, "abc", raw=True, verify=verify)
     code = run_once(request, json_output=False, loader=loader_for(target))
     out, err = capsys.readouterr()
     return code, out, err
@@ -142,9 +144,7 @@ class InterruptedInVerify(FakeBackend):
 
 def test_ctrl_c_ends_the_run_at_once_without_a_verify_pass(capsys):
     target = InterruptedAfter(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
-    request = RunRequest(decode_request(target=TARGET, max_tokens=16), "abc", raw=True, verify=True)
-    code = run_once(request, json_output=False, loader=loader_for(target))
-    out, err = capsys.readouterr()
+    code, out, err = answer_plainly(target, capsys, verify=True)
     assert code == EXIT_INTERRUPTED
     assert "partial" in err and "identical" not in err and "differ" not in err
     assert target.decode_calls + 1 == target.decodes  # no target-alone pass after Ctrl-C
@@ -152,9 +152,7 @@ def test_ctrl_c_ends_the_run_at_once_without_a_verify_pass(capsys):
 
 def test_ctrl_c_in_the_verify_pass_keeps_the_whole_answer_and_exits_130(capsys):
     target = InterruptedInVerify(target_model(), N_VOCAB, end_of_generation=[END], pieces=PIECES)
-    request = RunRequest(decode_request(target=TARGET, max_tokens=16), "abc", raw=True, verify=True)
-    code = run_once(request, json_output=False, loader=loader_for(target))
-    out, err = capsys.readouterr()
+    code, out, err = answer_plainly(target, capsys, verify=True)
     assert code == EXIT_INTERRUPTED
     assert out == spelled(greedy_alone("abc", 16)) + "\n"
     assert "--verify did not finish" in err
