@@ -266,7 +266,10 @@ def test_speculative_over_rpc_is_the_rpc_target_alones_answer(tiny_models, two_w
             tiny_models.target, "--draft", str(tiny_models.close_drafter), *drafter, *workers_flag
         )
         assert drafted["tokens"] == alone["tokens"], drafter
-        assert drafted["stats"]["drafted"] > 0
+        if drafter[1] == "fixed":
+            # Only the classic loop is bound to draft: combined weighs the costs it measures
+            # over the workers, and may rightly judge that no draft pays in 48 tokens.
+            assert drafted["stats"]["drafted"] > 0
     assert alone["settings"]["hardware"]["rpc"] == two_workers
 
 
