@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +23,7 @@ from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .models import rpc
 from .network import is_loopback
 from .request import DecodeRequest, HardwareOptions
+from .structured import Structure, StructureError, parse_json_schema
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -371,6 +372,24 @@ class SharedOptions:
         )
 
 
+def read_structure(json_schema: Path | None, grammar: Path | None) -> Structure | None:
+    """--json-schema or --grammar, read and checked (one of them at most)."""
+    if json_schema is not None and grammar is not None:
+        raise BadUsageError("--json-schema and --grammar both constrain the answer.", "Give one.")
+    path = json_schema or grammar
+    if path is None:
+        return None
+    option = "--json-schema" if json_schema is not None else "--grammar"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise StructureError(f"{option}: cannot read {path} ({reason}).") from None
+    if json_schema is not None:
+        return parse_json_schema(text, f"{option} {path}")
+    return Structure.grammar(text)
+
+
 def hardware_options(arguments: Mapping[str, Any]) -> HardwareOptions:
     """--ctx-size, --threads, the GPU layers, --verbose, --exact, --rpc and --tensor-split,
     from a command's arguments by their names (its `locals()`), checked."""
@@ -443,6 +462,18 @@ def run(
             "saved state sharing the longest prefix with the next prompt (same answer).",
         ),
     ] = None,
+    json_schema: Annotated[
+        Path | None,
+        typer.Option(
+            "--json-schema",
+            help="A JSON schema file: the answer is JSON that matches it (exactly the target "
+            "alone's answer under it).",
+        ),
+    ] = None,
+    grammar: Annotated[
+        Path | None,
+        typer.Option("--grammar", help="A GBNF grammar file (llama.cpp's): the answer follows it."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON record.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -454,12 +485,14 @@ def run(
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
         hardware = shared.hardware()
+        structure = read_structure(json_schema, grammar)
         prediction = read_predict_option(predict, prompt)
         text = read_prompt(prompt, stdin_taken=predict == "-")
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
+        decode = replace(decode, structure=structure)
         request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)

@@ -8,6 +8,7 @@ from pathlib import Path
 from .decoding.engine import GenerationSettings, SamplingRule
 from .decoding.modes import DrafterMode
 from .decoding.sampling import SamplingSettings
+from .structured import Structure
 
 
 @dataclass(frozen=True, kw_only=True)  # by name only: two swapped ints would pass
@@ -45,6 +46,7 @@ class DecodeRequest:
     hardware: HardwareOptions
     force_incompatible: bool = False
     rule: SamplingRule = SamplingRule.INVARIANT
+    structure: Structure | None = None  # --json-schema, --grammar: what the answer must be
 
     @property
     def drafter_label(self) -> str | None:
@@ -63,6 +65,7 @@ class DecodeRequest:
             sampling=self.sampling,
             seed=self.seed,
             rule=self.rule,
+            structure=self.structure,
         )
 
     def record(self) -> dict:
@@ -76,6 +79,7 @@ class DecodeRequest:
             "stop": list(self.stop),
             "draft_max": self.draft_max,
             "rule": self.rule.value,
+            "structure": None if self.structure is None else self.structure.kind.value,
             "system": self.system,
             "hardware": asdict(self.hardware),
         }

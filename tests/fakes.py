@@ -19,6 +19,7 @@ from specdec_cli.decoding.drafters import Draft, Drafter, DraftSource, ModelDraf
 from specdec_cli.decoding.sampling import Distribution, SamplingSettings, TokenChooser
 from specdec_cli.errors import ModelFileError
 from specdec_cli.request import DecodeRequest, HardwareOptions
+from specdec_cli.structured import Structure, StructureError
 
 LogitsFn = Callable[[tuple[int, ...]], np.ndarray]
 
@@ -39,10 +40,11 @@ class FakeBackend:
         pieces: Mapping[int, bytes] | Sequence[bytes] | None = None,
         specials: Iterable[int] = (),
         bos: int | None = None,
+        constraints: Callable[[Structure], Any] | None = None,
     ) -> None:
         """`specials`: control tokens, spelled by their piece but with no text (token_bytes
         b"") and read from a text only with parse_special; `bos`: added to a text's start
-        with add_special."""
+        with add_special; `constraints`: what `constrain` builds (none: it refuses)."""
         self.path: Path | None = None
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
@@ -54,6 +56,7 @@ class FakeBackend:
         self.pieces = dict(pieces) if isinstance(pieces, Mapping) else dict(enumerate(pieces))
         self.specials = frozenset(specials)
         self.bos = bos
+        self.constraints = constraints
         self.decode_calls = 0
         self.tokens_decoded = 0
         self.exact = False  # scripted logits are the same whatever the batch
@@ -133,6 +136,11 @@ class FakeBackend:
 
     def is_end_of_generation(self, token: int) -> bool:
         return token in self.end_of_generation
+
+    def constrain(self, structure: Structure):
+        if self.constraints is None:
+            raise StructureError("a FakeBackend has no grammar engine.")
+        return self.constraints(structure)
 
     def vocab_info(self) -> VocabInfo:
         eos = min(self.end_of_generation, default=-1)
@@ -304,6 +312,31 @@ class FixedDrafter:
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         pass
+
+
+# --- constraints ------------------------------------------------------------------------------
+
+
+class RuleConstraint:
+    """A constraint from a rule: `allows(accepted, token)`, where `accepted` is every token
+    accepted so far. Counts the ids it was asked about (`asked`, shared by its copies)."""
+
+    def __init__(self, allows: Callable[[tuple[int, ...], int], bool], asked=None) -> None:
+        self.allows, self.accepted = allows, ()
+        self.asked = asked if asked is not None else [0]
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        self.asked[0] += len(ids)
+        return np.array([self.allows(self.accepted, int(t)) for t in ids], dtype=bool)
+
+    def accept(self, token: int) -> None:
+        assert self.allows(self.accepted, token), f"accepted {token}, which is not allowed"
+        self.accepted = (*self.accepted, token)
+
+    def copy(self) -> RuleConstraint:
+        twin = RuleConstraint(self.allows, self.asked)
+        twin.accepted = self.accepted
+        return twin
 
 
 # --- time ---------------------------------------------------------------------------------------

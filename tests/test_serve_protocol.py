@@ -59,7 +59,7 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logprobs": True}, "logprobs"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stop": ["x"] * 17}, "stop"),
         ({"temperature": float("inf")}, "temperature"),

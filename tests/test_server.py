@@ -243,6 +243,16 @@ BAD_REQUESTS = {
     "n of two": ({**GOOD, "n": 2}, 400, "n"),
     "tools": ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     "a prediction of the wrong type": ({**GOOD, "prediction": {"type": "x"}}, 400, None),
+    "a schema keyword that would be ignored": (
+        {**GOOD, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "integer", "minimum": 0}}}},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    "a grammar llama.cpp cannot parse": ({**GOOD, "grammar": "root ::= ("}, 400, None),
+    "two constraints at once": (
+        {**GOOD, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, 400, None
+    ),
     "a 100 kB prompt": (
         {"messages": [{"role": "user", "content": "0123456789" * 10_000}]},
         400,
@@ -461,6 +471,36 @@ def test_greedy_output_is_byte_identical_to_specdec_run(server, tiny_models, pro
     raw = complete(server, prompt, max_tokens=48)
     ran_raw = run_json(prompt, "--raw", *same)
     assert raw["choices"][0]["text"] == ran_raw["text"]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},
+    "required": ["ok", "size"],
+}
+
+
+def test_structured_answers_match_and_are_specdec_runs(server, tiny_models, tmp_path):
+    models = ("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter))
+    same = (*models, "--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1", "-n", "48")
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    wrapped = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    body = {"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 48}
+    chat = http(server, "POST", "/v1/chat/completions", json={**body, "response_format": wrapped})
+    assert chat.status_code == 200, chat.text
+    text = chat.json()["choices"][0]["message"]["content"]
+    assert json.loads(text)["size"] in ("small", "large")
+    assert text == run_json("the cat", *same, "--json-schema", str(schema_file))["text"]
+
+    grammar = 'root ::= ("cat" | "sat" | "mat") (" " ("cat" | "sat" | "mat"))*\n'
+    grammar_file = tmp_path / "words.gbnf"
+    grammar_file.write_text(grammar)
+    raw = complete(server, "the cat", max_tokens=12, grammar=grammar)
+    words = raw["choices"][0]["text"].split(" ")
+    assert set(words) <= {"cat", "sat", "mat"}, words
+    ran = run_json("the cat", "--raw", *same, "-n", "12", "--grammar", str(grammar_file))
+    assert raw["choices"][0]["text"] == ran["text"]
 
 
 # ---- a full queue, shutdown, start-up errors ------------------------------------------------

@@ -9,6 +9,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..structured import Structure
+from .constraint import Constraint
+
 
 @dataclass(frozen=True)
 class VocabInfo:
@@ -52,6 +55,11 @@ class Decoder(Protocol):
     def token_bytes(self, token: int) -> bytes: ...
 
     def is_end_of_generation(self, token: int) -> bool: ...
+
+    def constrain(self, structure: Structure) -> Constraint:
+        """A constraint for answers of this `structure` over this vocabulary, at its start
+        (raises StructureError if the backend cannot build it)."""
+        ...
 
 
 @runtime_checkable

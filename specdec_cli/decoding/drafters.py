@@ -47,6 +47,14 @@ class Draft:
     def empty(cls) -> Draft:
         return cls([], [], DraftSource.NONE)
 
+    def cut(self, n: int) -> Draft:
+        """Its first `n` tokens (none: no draft at all)."""
+        if n <= 0:
+            return Draft.empty()
+        return Draft(
+            self.tokens[:n], self.dists[:n], self.source, self.confidences[:n], self.match_length
+        )
+
 
 @dataclass(frozen=True)
 class Outcome:

@@ -12,7 +12,9 @@ from enum import Enum
 
 import numpy as np
 
+from ..structured import Structure
 from .backend import Decoder, logits_for_suffix
+from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, Outcome
 from .sampling import (
     AcceptanceRule,
@@ -69,6 +71,7 @@ class GenerationSettings:
     seed: int | None = None
     rule: SamplingRule = SamplingRule.INVARIANT
     prediction: tuple[int, ...] = ()  # Predicted Outputs: token ids of the expected answer
+    structure: Structure | None = None  # what the answer must be (a grammar, a JSON schema)
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,8 @@ class Generation:
         self._text = _TextAssembler(settings.stop)
         self._n_ctx = target.n_ctx
         self._started: float | None = None
+        structure = settings.structure
+        self._constraint = target.constrain(structure) if structure is not None else None
         if drafter is not None:
             drafter.begin(len(self.prompt), settings.prediction)
 
@@ -342,7 +347,16 @@ class Generation:
         draft = self.drafter.propose(
             self.prompt + self.tokens, k, self.settings.sampling, self._chooser
         )
+        if self._constraint is not None and self._may_cut_drafts():
+            draft = draft.cut(allowed_prefix(draft.tokens, self._constraint))
         return draft, time.perf_counter() - began
+
+    def _may_cut_drafts(self) -> bool:
+        """Whether a draft may end before its first token the constraint forbids, saving
+        the rows the target would reject it at: always where each position's choice is the
+        target's own (greedy, the invariant rule); under the classic rule a rejected sampled
+        token's replacement comes from the residual p - q, which cutting would skip."""
+        return self.settings.sampling.greedy or self.settings.rule == SamplingRule.INVARIANT
 
     def _verify(self, draft: Draft) -> tuple[Verdict, float]:
         began = time.perf_counter()
@@ -354,7 +368,9 @@ class Generation:
             prompt=self.stats.target_passes == 0,
         )
         sampling = self.settings.sampling
-        if sampling.greedy:
+        if self._constraint is not None:
+            verdict = self._constrained_verdict(draft, rows)
+        elif sampling.greedy:
             verdict = greedy_accept(draft.tokens, rows)
         elif self.settings.rule == SamplingRule.INVARIANT:
             position = len(self.prompt) + len(self.tokens)
@@ -364,6 +380,23 @@ class Generation:
             targets = _LazyDistributions(rows, sampling)
             verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
         return verdict, time.perf_counter() - began
+
+    def _constrained_verdict(self, draft: Draft, rows: np.ndarray) -> Verdict:
+        """The verdict with every row masked by the constraint, which then moves on by the
+        tokens kept and the target's own."""
+        constraint = self._constraint
+        assert constraint is not None
+        targets = ConstrainedDistributions(rows, self.settings.sampling, constraint, draft.tokens)
+        if self.settings.sampling.greedy or self.settings.rule == SamplingRule.INVARIANT:
+            position = len(self.prompt) + len(self.tokens)
+            verdict = invariant_accept(draft.tokens, targets, self._chooser, position)
+        else:
+            verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
+        for token in [*draft.tokens[: verdict.n_accepted], verdict.next_token]:
+            if self.target.is_end_of_generation(token):
+                break  # the answer ends here: nothing after it is emitted
+            constraint.accept(token)
+        return verdict
 
     @staticmethod
     def _label(draft: Draft, accepted: list[int], next_token: int):

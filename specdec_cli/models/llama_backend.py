@@ -19,6 +19,7 @@ import jinja2  # llama-cpp-python's chat formatter renders with it
 import numpy as np
 
 from ..decoding.backend import VocabInfo, kept_prefix
+from ..decoding.constraint import Constraint
 from ..errors import (
     ChatTemplateError,
     ContextOverflowError,
@@ -26,11 +27,13 @@ from ..errors import (
     ModelFileError,
     SpecdecError,
 )
+from ..structured import Structure, StructureError, StructureKind
 from . import rpc
 
 try:
     import llama_cpp
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ModelFileError(
         f"llama-cpp-python is not installed or failed to load ({exc}).",
@@ -608,6 +611,19 @@ class LlamaBackend:
                 "turns to alternate).",
             ) from None
 
+    # -- structured outputs ----------------------------------------------------------------
+
+    def constrain(self, structure: Structure) -> Constraint:
+        """llama.cpp's grammar engine over this vocabulary, at the grammar's start."""
+        grammar = grammar_text(structure).encode("utf-8")
+        sampler = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar, b"root")
+        if not sampler:
+            raise StructureError(
+                "llama.cpp could not parse the grammar.",
+                "Check it against llama.cpp's GBNF (grammars/README.md); --verbose shows where.",
+            )
+        return GrammarConstraint(sampler, owner=self)
+
     # -- description -----------------------------------------------------------------------
 
     def describe(self) -> dict:
@@ -727,3 +743,51 @@ def requantize(source: Path, destination: Path, quant: str = "q4_0", threads: in
         )
     os.replace(partial, destination)
     return destination
+
+
+def grammar_text(structure: Structure) -> str:
+    """The GBNF for a structure: its own, llama.cpp's JSON grammar, or the schema converted
+    by llama-cpp-python's converter (structured.py refuses what it would ignore)."""
+    if structure.kind == StructureKind.GRAMMAR:
+        return structure.text
+    if structure.kind == StructureKind.JSON_OBJECT:
+        return JSON_GBNF
+    try:
+        return json_schema_to_gbnf(structure.text)
+    except (AssertionError, KeyError, ValueError, TypeError, NotImplementedError) as error:
+        raise StructureError(f"the JSON schema cannot be turned into a grammar: {error}") from None
+
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
+
+
+class GrammarConstraint:
+    """A llama.cpp grammar sampler asked token by token (decoding/constraint.py): it sets
+    the logit of each token the grammar forbids to -inf."""
+
+    def __init__(self, sampler, owner: LlamaBackend) -> None:
+        self._sampler = sampler
+        self._owner = owner  # the grammar reads the model's vocabulary: keep it alive
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
+        data["id"] = ids
+        candidates = llama_cpp.llama_token_data_array(
+            data.ctypes.data_as(llama_cpp.llama_token_data_p), len(ids), -1, False
+        )
+        llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(candidates))
+        return np.isfinite(data["logit"])
+
+    def accept(self, token: int) -> None:
+        # llama.cpp aborts the process on a token its grammar forbids: ask first (25 us).
+        if not self.allowed(np.array([token], dtype=np.int32))[0]:
+            raise StructureError(f"token {token} is not allowed by the grammar here.")
+        llama_cpp.llama_sampler_accept(self._sampler, token)
+
+    def copy(self) -> GrammarConstraint:
+        return GrammarConstraint(llama_cpp.llama_sampler_clone(self._sampler), self._owner)
+
+    def __del__(self) -> None:
+        if getattr(self, "_sampler", None):
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None

@@ -32,6 +32,7 @@ from ..decoding.modes import use_history
 from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
 from ..models import rpc
 from ..models.loading import ModelPair
+from ..structured import StructureError
 from .serve_protocol import Answer
 
 
@@ -72,6 +73,8 @@ def _failure_of(error: SpecdecError) -> Failure:
         return Failure.DECODE_FAILED
     if isinstance(error, rpc.WorkerError):
         return Failure.UNAVAILABLE
+    if isinstance(error, StructureError):  # the grammar led where no token is allowed
+        return Failure.BAD_PROMPT
     return Failure.INTERNAL
 
 
@@ -262,10 +265,13 @@ class ModelThread:
         if job.prediction:  # tokenised as run does it (prompting.py)
             settings = replace(settings, prediction=prediction_tokens(target, job.prediction))
         cached = target.prompt_reuse(prompt)
+        drafter = self.drafter if settings.draft_max > 0 else None
+        try:
+            generation = Generation(target, prompt, settings, drafter=drafter)
+        except StructureError as error:  # the grammar does not parse: before any answer
+            raise bad_prompt(str(error)) from None
         job.post(Started(len(prompt), cached))
 
-        drafter = self.drafter if settings.draft_max > 0 else None
-        generation = Generation(target, prompt, settings, drafter=drafter)
         events = generation.events()
         finished: Finished | None = None
         try:

@@ -3,6 +3,10 @@
 Pure data: pydantic models that validate a request body, and functions that build the JSON
 the server sends. No HTTP and no models here (`server.py` and `model_thread.py` do those).
 
+Structured outputs: OpenAI's `response_format` (json_object, json_schema) on chat
+completions, and llama-server's own `grammar` (GBNF) and `json_schema` fields on both
+endpoints; a schema keyword the grammar would ignore is a 400 naming it (structured.py).
+
 Requests are validated strictly: a field of the wrong type, out of range or unknown is a
 400, as OpenAI answers. Fields OpenAI defines that specdec does not implement (`n`,
 penalties, logprobs, tools ...) are accepted at their neutral value, which clients often
@@ -20,6 +24,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..decoding.engine import Finished, GenerationStats
+from ..structured import Structure, StructureError
 
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
@@ -102,8 +107,37 @@ class Prediction(_Strict):
     content: Content
 
 
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # the answer matches the schema either way
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]  # json_object / json_schema would need constrained decoding
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def structure(self) -> Structure | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return Structure.json_object()
+        if self.json_schema is None:
+            raise bad_request(
+                "response_format of type json_schema needs its json_schema.",
+                "response_format.json_schema",
+            )
+        schema = self.json_schema.json_schema
+        return Structure.json_object() if schema in (None, True, {}) else _schema(schema)
+
+
+def _schema(schema: object, param: str = "response_format.json_schema.schema") -> Structure:
+    try:
+        return Structure.json_schema(schema)
+    except StructureError as error:
+        raise bad_request(str(error), param) from None
 
 
 class _Sampling(_Strict):
@@ -120,6 +154,9 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     prediction: Prediction | None = None
+    # llama-server's structured outputs (GBNF; a JSON schema), on both endpoints.
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
     # OpenAI fields accepted at their neutral value only (see the module docstring).
     n: int | None = None
     frequency_penalty: float | None = None
@@ -143,6 +180,23 @@ class _Sampling(_Strict):
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else content_text(self.prediction.content)
 
+    def structure(self) -> Structure | None:
+        """What the answer must be: `grammar` or `json_schema` (see ChatCompletionRequest)."""
+        given = self._constraints_given()
+        if len(given) > 1:
+            raise bad_request(f"{' and '.join(given)} both constrain the answer: send one.")
+        if self.grammar is not None:
+            try:
+                return Structure.grammar(self.grammar)
+            except StructureError as error:
+                raise bad_request(str(error), "grammar") from None
+        if self.json_schema is not None:
+            return _schema(self.json_schema, "json_schema")
+        return None
+
+    def _constraints_given(self) -> list[str]:
+        return [name for name in ("grammar", "json_schema") if getattr(self, name) is not None]
+
     def check_supported(self) -> None:
         """Refuse what specdec would otherwise silently ignore."""
         neutral = {
@@ -158,6 +212,7 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed with stream: true.", "stream_options")
         self.stop_strings()
+        self.structure()
 
 
 class ChatCompletionRequest(_Sampling):
@@ -174,6 +229,16 @@ class ChatCompletionRequest(_Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def structure(self) -> Structure | None:
+        if self.response_format is None or self.response_format.type == "text":
+            return super().structure()
+        if self._constraints_given():
+            raise bad_request(
+                f"response_format and {self._constraints_given()[0]} both constrain the "
+                "answer: send one."
+            )
+        return self.response_format.structure()
 
     def chat_messages(self, default_system: str | None) -> list[dict[str, str]]:
         """Messages for the chat template; `developer` is the newer name for `system`.

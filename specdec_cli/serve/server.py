@@ -161,6 +161,7 @@ class ServerState:
             stop=base.stop if request.stop is None else request.stop_strings(),
             sampling=replace(base.sampling, **given),
             seed=base.seed if request.seed is None else request.seed,
+            structure=request.structure(),
         )
 
     def log_when_done(self, job: Job, record: RequestRecord) -> None:

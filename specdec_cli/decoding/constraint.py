@@ -1,0 +1,138 @@
+"""Decoding under a constraint (a grammar): the target's choice at each position among the
+tokens the constraint allows, for the target alone and speculative decoding alike.
+
+Greedy: the masked argmax. Sampling: the masked logits through the same filters (top-k,
+top-p, min-p, temperature) and the same rule. A full mask over a 152k-token vocabulary
+costs about as much as a target step on a CPU (39-116 ms with llama.cpp's grammar engine on
+the AVX2 machine, against 83 ms), while asking about one token costs 20-35 us; so the
+tokens are asked about in order of their logits, a few at a time, and only as many as the
+choice needs (usually one: the model's favourite is allowed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..structured import StructureError
+from .sampling import Distribution, SamplingSettings, distribution
+
+# Tokens asked about at once, in order of their logits, until the choice is made: the
+# favourite alone first, then ever larger slices, then all the rest.
+ASK_SLICES = (1, 16, 256, 4096)
+
+
+class Constraint(Protocol):
+    """Which tokens may come next, given those accepted so far."""
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """A boolean per id of `ids`: whether it may come next (end of generation included,
+        once the constraint is satisfied)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """`token` comes next (it must be allowed)."""
+        ...
+
+    def copy(self) -> Constraint: ...
+
+
+class NoTokenAllowed(StructureError):
+    """The constraint allows no token of the vocabulary here (a grammar no text can end)."""
+
+
+def allowed_best(row: np.ndarray, constraint: Constraint, count: int | None) -> np.ndarray:
+    """The `count` allowed tokens with the largest logits (None: all allowed), in
+    descending order of logits (ties: lower id first)."""
+    n = row.shape[-1]
+    wanted = n if count is None else count
+    found: list[np.ndarray] = []
+    asked = 0
+    for end in (*ASK_SLICES, n):
+        end = min(end, n)
+        if end <= asked:
+            continue
+        ids = _best_ids(row, asked, end)
+        found.append(ids[constraint.allowed(ids)])
+        asked = end
+        if sum(len(f) for f in found) >= wanted:
+            break
+    allowed = np.concatenate(found)[:wanted]
+    if not len(allowed):
+        raise NoTokenAllowed(
+            "the grammar allows no token of the model's vocabulary here.",
+            "Check that every rule can be written with the model's tokens.",
+        )
+    return allowed
+
+
+def _best_ids(row: np.ndarray, start: int, end: int) -> np.ndarray:
+    """The token ids ranked start..end-1 by descending logit, ties by ascending id: one
+    total order, so consecutive slices neither repeat nor skip a tied token."""
+    n = row.shape[-1]
+    if end - start == 1 and start == 0:
+        return np.array([int(np.argmax(row))], dtype=np.int32)  # argmax: the lowest id of ties
+    if end >= n:
+        ranked = np.lexsort((np.arange(n), -row))
+    else:
+        kth = np.partition(row, n - end)[n - end]  # the end-th largest logit
+        above = np.flatnonzero(row > kth)
+        ids = np.concatenate([above, np.flatnonzero(row == kth)[: end - len(above)]])
+        ranked = ids[np.lexsort((ids, -row[ids]))]
+    return ranked[start:end].astype(np.int32)
+
+
+def masked_distribution(
+    row: np.ndarray, settings: SamplingSettings, constraint: Constraint
+) -> Distribution:
+    """What `distribution` gives for the row with every disallowed token's logit at -inf."""
+    if settings.greedy:
+        return Distribution.point(int(allowed_best(row, constraint, 1)[0]))
+    k = settings.top_k if 0 < settings.top_k < row.shape[-1] else None
+    ids = allowed_best(row, constraint, k)
+    masked = np.full(row.shape[-1], -np.inf, dtype=np.float32)
+    masked[ids] = row[ids]
+    if len(ids) < (k or 0):  # fewer allowed than top-k: the filters see only those
+        settings = SamplingSettings(settings.temperature, len(ids), settings.top_p, settings.min_p)
+    return distribution(masked, settings)
+
+
+class ConstrainedDistributions(Sequence):
+    """The target's masked distributions for a verified draft's rows, computed in order and
+    only for the rows the acceptance rule reaches: row i is masked by the constraint as it
+    stands after the draft's first i tokens."""
+
+    def __init__(
+        self,
+        rows: np.ndarray,
+        sampling: SamplingSettings,
+        constraint: Constraint,
+        draft: Sequence[int],
+    ) -> None:
+        self._rows, self._sampling, self._draft = rows, sampling, draft
+        self._walker = constraint.copy()
+        self._computed: list[Distribution] = []
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):
+        while len(self._computed) <= i:
+            at = len(self._computed)
+            if at > 0:
+                self._walker.accept(self._draft[at - 1])
+            self._computed.append(masked_distribution(self._rows[at], self._sampling, self._walker))
+        return self._computed[i]
+
+
+def allowed_prefix(draft: Sequence[int], constraint: Constraint) -> int:
+    """How many of the draft's first tokens the constraint allows in a row: those after the
+    first disallowed one would be verified for nothing (the target cannot choose it)."""
+    walker = constraint.copy()
+    for i, token in enumerate(draft):
+        if not walker.allowed(np.array([token], dtype=np.int32))[0]:
+            return i
+        walker.accept(token)
+    return len(draft)

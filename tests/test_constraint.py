@@ -1,0 +1,172 @@
+"""Decoding under a constraint on scripted models: the masked choice is the target's own
+choice among the allowed tokens, asked about lazily, and speculative decoding under the
+constraint gives the target alone's answer under it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import (
+    FakeBackend,
+    FixedDrafter,
+    RecordingDrafter,
+    RuleConstraint,
+    blended,
+    model_drafter,
+    table_model,
+)
+
+from specdec_cli.decoding.constraint import (
+    NoTokenAllowed,
+    allowed_best,
+    allowed_prefix,
+    masked_distribution,
+)
+from specdec_cli.decoding.engine import Generation, GenerationSettings, Round, SamplingRule
+from specdec_cli.decoding.sampling import SamplingSettings, distribution
+from specdec_cli.structured import Structure
+
+GREEDY = SamplingSettings(temperature=0.0)
+SAMPLINGS = [
+    GREEDY,
+    SamplingSettings(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
+    SamplingSettings(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0),
+    SamplingSettings(temperature=0.7, top_k=300, top_p=0.95, min_p=0.02),  # more than allowed
+]
+EOS = 9
+PROMPT = [0, 1, 2]
+ANY = Structure.json_object()  # the fakes' constraint ignores what it is asked for
+
+
+def fully_masked(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    return np.where(allowed, row, -np.inf).astype(np.float32)
+
+
+def set_constraint(allowed: np.ndarray) -> RuleConstraint:
+    return RuleConstraint(lambda _accepted, token: bool(allowed[token]))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=str)
+@pytest.mark.parametrize("seed", range(12))
+def test_the_masked_distribution_is_the_fully_masked_rows(sampling, seed):
+    rng = np.random.default_rng(seed)
+    n = 5000
+    row = rng.normal(0, 3, n).astype(np.float32)
+    if seed % 3 == 0:
+        row = np.round(row).astype(np.float32)  # many ties: the order must still agree
+    allowed = rng.random(n) < [0.5, 0.01, 0.002][seed % 3]
+    allowed[rng.integers(n)] = True
+    got = masked_distribution(row, sampling, set_constraint(allowed))
+    want = distribution(fully_masked(row, allowed), sampling)
+    got_ids, want_ids = got.ids[got.probs > 0], want.ids[want.probs > 0]
+    assert allowed[got_ids].all()
+    np.testing.assert_allclose(got.probs[got.probs > 0], want.probs[want.probs > 0], rtol=1e-12)
+    # Which of several tied tokens top-k keeps is distribution's (argpartition's) choice;
+    # without ties the tokens are the same ones.
+    assert row[got_ids].tolist() == row[want_ids].tolist()
+    if seed % 3:
+        assert got_ids.tolist() == want_ids.tolist()
+
+
+def test_the_favourite_is_the_only_token_asked_about_when_it_is_allowed():
+    row = np.arange(1000, dtype=np.float32)
+    constraint = RuleConstraint(lambda _a, token: token % 2 == 1)
+    assert allowed_best(row, constraint, 1).tolist() == [999]
+    assert constraint.asked[0] == 1
+    constraint = RuleConstraint(lambda _a, token: token < 10)
+    assert allowed_best(row, constraint, 3).tolist() == [9, 8, 7]
+    assert constraint.asked[0] == 1000  # the allowed ones are last: everything was asked
+
+
+def test_a_constraint_that_allows_nothing_says_so():
+    with pytest.raises(NoTokenAllowed, match="allows no token"):
+        allowed_best(np.zeros(50, dtype=np.float32), RuleConstraint(lambda _a, _t: False), 1)
+
+
+def test_a_draft_ends_before_its_first_forbidden_token():
+    constraint = RuleConstraint(lambda accepted, token: token != 7 or len(accepted) > 3)
+    assert allowed_prefix([1, 2, 7, 7, 7], constraint) == 2
+    assert allowed_prefix([1, 2, 3, 4, 7], constraint) == 5
+    assert constraint.accepted == ()  # asked on a copy
+
+
+def alternating(accepted: tuple[int, ...], token: int) -> bool:
+    """Tokens alternate odd, even, odd ...; the end only after six of them."""
+    if token == EOS:
+        return len(accepted) >= 6
+    return token % 2 == (len(accepted) + 1) % 2
+
+
+def target_under_rule() -> FakeBackend:
+    return FakeBackend(
+        table_model(10, seed=5, context=2),
+        10,
+        end_of_generation={EOS},
+        constraints=lambda _structure: RuleConstraint(alternating),
+    )
+
+
+def answer(target, settings, drafter=None):
+    events = list(Generation(target, PROMPT, settings, drafter).events())
+    return events[-1], [e for e in events if isinstance(e, Round)]
+
+
+DRAFTERS = {
+    "fixed, mostly forbidden": lambda target: FixedDrafter([2, 2, 3, 5, 7]),
+    "close model": lambda target: model_drafter(
+        target, blended(target.logits_fn, table_model(10, seed=6), 0.3)
+    ),
+}
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize(
+    "sampling, seed",
+    [
+        (GREEDY, None),
+        (SamplingSettings(0.9, 6, 0.95, 0.02), 3),
+        (SamplingSettings(1.0, 0, 1.0, 0), 11),
+    ],
+    ids=["greedy", "sampled-topk", "sampled-all"],
+)
+def test_speculative_under_a_constraint_is_the_target_alones_answer_under_it(
+    drafter, sampling, seed
+):
+    settings = GenerationSettings(
+        max_tokens=40, draft_max=5, sampling=sampling, seed=seed, structure=ANY
+    )
+    alone, _ = answer(target_under_rule(), settings)
+    target = target_under_rule()
+    drafted, rounds = answer(target, settings, DRAFTERS[drafter](target))
+    assert drafted.tokens == alone.tokens
+    assert sum(r.drafted for r in rounds) > 0
+    emitted = [*alone.tokens, EOS] if str(alone.finish_reason) == "stop" else alone.tokens
+    for i, token in enumerate(emitted):
+        assert alternating(tuple(emitted[:i]), token), (i, emitted)
+    free, _ = answer(target_under_rule(), GenerationSettings(40, 5, sampling=sampling, seed=seed))
+    assert free.tokens != alone.tokens  # the control: the rule changes this model's answer
+
+
+def test_drafts_are_cut_at_their_first_forbidden_token():
+    target = target_under_rule()
+    drafter = RecordingDrafter(FixedDrafter([1, 2, 2, 2]))  # odd, even, then even again
+    settings = GenerationSettings(max_tokens=12, draft_max=4, sampling=GREEDY, structure=ANY)
+    _, rounds = answer(target, settings, drafter)
+    assert max(r.drafted for r in rounds) <= 2
+
+
+def test_the_classic_rule_under_a_constraint_keeps_to_it():
+    settings = GenerationSettings(
+        max_tokens=40,
+        draft_max=4,
+        sampling=SamplingSettings(1.0, 0, 1.0, 0.0),
+        seed=7,
+        rule=SamplingRule.CLASSIC,
+        structure=ANY,
+    )
+    target = target_under_rule()
+    drafter = model_drafter(target, table_model(10, seed=8))
+    finished, rounds = answer(target, settings, drafter)
+    assert sum(r.drafted for r in rounds) > sum(r.accepted for r in rounds)  # some rejected
+    for i, token in enumerate(finished.tokens):
+        assert alternating(tuple(finished.tokens[:i]), token)
