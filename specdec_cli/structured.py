@@ -47,10 +47,13 @@ class StructureKind(str, Enum):
 @dataclass(frozen=True)
 class Structure:
     """What the answer must be: `text` is the GBNF grammar or the schema's JSON ('' for any
-    JSON object)."""
+    JSON object); a schema's JSON may have to come between `before` and `after` (a tool
+    call's tags)."""
 
     kind: StructureKind
     text: str = ""
+    before: str = ""
+    after: str = ""
 
     @classmethod
     def grammar(cls, text: str) -> Structure:
@@ -63,12 +66,13 @@ class Structure:
         return cls(StructureKind.GRAMMAR, text)
 
     @classmethod
-    def json_schema(cls, schema: object) -> Structure:
+    def json_schema(cls, schema: object, before: str = "", after: str = "") -> Structure:
         """`schema`: the parsed schema (a dict), checked for what the converter supports."""
         if not isinstance(schema, dict):
             raise StructureError("a JSON schema must be a JSON object.", "See json-schema.org.")
         check_schema(schema, "schema")
-        return cls(StructureKind.JSON_SCHEMA, json.dumps(schema))  # its order is the answer's
+        text = json.dumps(schema)  # in its own order: the answer's keys come in it
+        return cls(StructureKind.JSON_SCHEMA, text, before, after)
 
     @classmethod
     def json_object(cls) -> Structure:

@@ -160,7 +160,7 @@ class FakeBackend:
     def chat_template(self) -> str | None:
         return None
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         raise ModelFileError("a FakeBackend has no chat template.", "Use --raw prompts.")
 
     def describe(self) -> dict:

@@ -127,7 +127,7 @@ def test_each_failure_in_a_generation_is_reported_as_what_it_is(
 
 
 def test_a_template_that_refuses_the_messages_is_a_400(models, monkeypatch):
-    def refuse(messages):
+    def refuse(messages, tools=None):
         raise ChatTemplateError("The template says: roles must alternate user/assistant.")
 
     monkeypatch.setattr(models.pair.target, "format_chat", refuse)

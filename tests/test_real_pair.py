@@ -127,3 +127,50 @@ def test_a_prompt_does_not_depend_on_what_the_last_request_left_cached(paths, ex
     finally:
         warm.close()
         fresh.close()
+
+
+AGENT_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather now in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search_files", "description": "Search the project's files for a string",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                       "required": ["query"]}}},
+]  # fmt: skip
+
+
+def test_an_agent_turn_over_serve_calls_a_tool_and_uses_its_result(paths, tmp_path):
+    import openai
+    from test_server import ServerProcess
+
+    server = ServerProcess("--target", str(paths[0]), "--draft", str(paths[1]), "--ctx-size",
+                           "4096", home=tmp_path)  # fmt: skip
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=600)
+    ask = [{"role": "user", "content": "What's the weather in Paris right now?"}]
+    try:
+        first = client.chat.completions.create(
+            model="m", messages=ask, tools=AGENT_TOOLS, max_tokens=100, temperature=0
+        )
+        assert first.choices[0].finish_reason == "tool_calls", first
+        (call,) = first.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        stream = client.chat.completions.create(
+            model="m", messages=ask, tools=AGENT_TOOLS, max_tokens=100, temperature=0, stream=True
+        )
+        deltas = [d for chunk in stream for d in (chunk.choices[0].delta.tool_calls or [])]
+        assert "".join(d.function.name or "" for d in deltas) == "get_weather"
+        assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+        result = {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 18}'}
+        turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
+        # With the tools offered again under "auto" the 1.5B coder calls the tool again;
+        # told to answer ("none"), it answers from the result.
+        final = client.chat.completions.create(
+            model="m", messages=[*ask, turn, result], tools=AGENT_TOOLS, tool_choice="none",
+            max_tokens=60, temperature=0,
+        )  # fmt: skip
+        assert "18" in final.choices[0].message.content
+    finally:
+        assert server.stop() == 0

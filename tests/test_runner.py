@@ -40,7 +40,7 @@ class ChatFake(FakeBackend):
     def chat_template(self) -> str | None:
         return "{% for m in messages %}{{ m.content }}{% endfor %}"
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return "".join(message["content"] for message in messages)
 
 

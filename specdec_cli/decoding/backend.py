@@ -103,8 +103,9 @@ class Backend(Decoder, Protocol):
         """The model's own chat template, or None if it has none."""
         ...
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
-        """`messages` rendered through the chat template, ready for the assistant's reply."""
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """`messages` (and the `tools` the assistant may call, in OpenAI's shape) rendered
+        through the chat template, ready for the assistant's reply."""
         ...
 
     def describe(self) -> dict:
@@ -124,9 +125,11 @@ class SwitchableKernels(Protocol):
     exact: bool
 
 
-def encode_chat(backend: Backend, messages: list[dict[str, str]]) -> list[int]:
-    """`messages` through the model's chat template, as tokens."""
-    return encode_template_text(backend, backend.format_chat(messages))
+def encode_chat(
+    backend: Backend, messages: list[dict], tools: list[dict] | None = None
+) -> list[int]:
+    """`messages` (and `tools`) through the model's chat template, as tokens."""
+    return encode_template_text(backend, backend.format_chat(messages, tools))
 
 
 def encode_template_text(backend: Backend, text: str) -> list[int]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -587,8 +589,9 @@ class LlamaBackend:
         template = llama_cpp.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
-        """Render messages through the GGUF's own chat template, as llama-cpp-python does."""
+    def format_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render messages (and tools, where given) through the GGUF's own chat template,
+        as llama-cpp-python does."""
         template = self.chat_template()
         if template is None:
             raise ModelFileError(
@@ -603,7 +606,7 @@ class LlamaBackend:
         )
         try:
             # Typed as OpenAI-style message TypedDicts; plain role/content dicts are what it reads.
-            return formatter(messages=messages).prompt  # type: ignore[arg-type]
+            return formatter(messages=messages, tools=tools).prompt  # type: ignore[arg-type]
         except jinja2.TemplateError as error:  # e.g. "roles must alternate"
             raise ChatTemplateError(
                 f"The model's chat template refused these messages: {error}",
@@ -753,9 +756,21 @@ def grammar_text(structure: Structure) -> str:
     if structure.kind == StructureKind.JSON_OBJECT:
         return JSON_GBNF
     try:
-        return json_schema_to_gbnf(structure.text)
+        grammar = json_schema_to_gbnf(structure.text)
     except (AssertionError, KeyError, ValueError, TypeError, NotImplementedError) as error:
         raise StructureError(f"the JSON schema cannot be turned into a grammar: {error}") from None
+    if not (structure.before or structure.after):
+        return grammar
+    inner = re.sub(r"^root ::=", "schema-root ::=", grammar, count=1, flags=re.MULTILINE)
+    parts = [_gbnf_literal(structure.before)] if structure.before else []
+    parts.append("schema-root")
+    if structure.after:
+        parts.append(_gbnf_literal(structure.after))
+    return f"root ::= {' '.join(parts)}\n{inner}"
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text)  # GBNF string literals escape as JSON's do (\n, \", \\)
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)

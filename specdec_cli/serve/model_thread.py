@@ -80,7 +80,8 @@ def _failure_of(error: SpecdecError) -> Failure:
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    messages: list[dict[str, str]]
+    messages: list[dict]
+    tools: list[dict] | None = None  # the functions the model may call (OpenAI's shape)
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,7 @@ class ModelThread:
                     "This model has no chat template; use /v1/completions with a raw prompt."
                 )
             try:
-                tokens = encode_chat(target, prompt.messages)
+                tokens = encode_chat(target, prompt.messages, prompt.tools)
             except ChatTemplateError as error:
                 raise bad_prompt(error.message, "messages") from None
         if not tokens:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..decoding.engine import Finished, GenerationStats
 from ..structured import Structure, StructureError
+from . import tool_calls
 
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
@@ -92,9 +93,43 @@ def content_text(content: Content | None) -> str:
 
 
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
+
+
+class FunctionCallIn(_Strict):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallIn(_Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallIn
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the arguments match the parameters either way when forced
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ChosenFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class StreamOptions(_Strict):
@@ -221,8 +256,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
     modalities: list[Literal["text"]] | None = None
@@ -231,36 +266,112 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def structure(self) -> Structure | None:
-        if self.response_format is None or self.response_format.type == "text":
-            return super().structure()
-        if self._constraints_given():
-            raise bad_request(
-                f"response_format and {self._constraints_given()[0]} both constrain the "
-                "answer: send one."
-            )
-        return self.response_format.structure()
+        forced = self.forced_functions()
+        if self.response_format is not None and self.response_format.type != "text":
+            given = self._constraints_given() + (["tool_choice"] if forced else [])
+            if given:
+                raise bad_request(f"response_format and {given[0]} both constrain the answer.")
+            return self.response_format.structure()
+        if forced:
+            if self._constraints_given():
+                raise bad_request(f"tool_choice and {self._constraints_given()[0]} both "
+                                  "constrain the answer.")  # fmt: skip
+            return tool_calls.forced_call(forced)
+        return super().structure()
 
-    def chat_messages(self, default_system: str | None) -> list[dict[str, str]]:
-        """Messages for the chat template; `developer` is the newer name for `system`.
-        The server's --system applies when the request has no system message."""
-        roles = {"developer": "system"}
-        messages = [
-            {"role": roles.get(m.role, m.role), "content": content_text(m.content)}
-            for m in self.messages
+    # -- tools ------------------------------------------------------------------------------
+
+    def functions(self) -> list[tool_calls.Function]:
+        """The tools the model may call now (none when tool_choice is "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        return [
+            tool_calls.Function(
+                t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS
+            )
+            for t in self.tools
         ]
+
+    def forced_functions(self) -> list[tool_calls.Function]:
+        """The functions one of which must be called: all ("required"), or the named one."""
+        functions = self.functions()
+        if self.tool_choice == "required":
+            return functions
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [f for f in functions if f.name == self.tool_choice.function.name]
+        return []
+
+    def template_tools(self) -> list[dict] | None:
+        functions = self.functions()
+        return [f.template_entry() for f in functions] if functions else None
+
+    def chat_messages(self, default_system: str | None) -> list[dict]:
+        """Messages for the chat template; `developer` is the newer name for `system`.
+        The server's --system applies when the request has no system message. Earlier tool
+        calls carry their arguments as objects (what templates render)."""
+        messages = [_template_message(i, m) for i, m in enumerate(self.messages)]
         if default_system and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": default_system})
         return messages
 
     def check_supported(self) -> None:
+        self._check_tools()  # before the structure a forced call makes of them
         super().check_supported()
         if self.logprobs or self.top_logprobs:
             raise bad_request("logprobs are not supported.", "logprobs")
-        if self.tools:
-            raise bad_request("tools (function calling) are not supported.", "tools")
         for i, message in enumerate(self.messages):
             if message.content is None and message.role != "assistant":
                 raise bad_request(f"messages[{i}].content is required.", f"messages.{i}.content")
+        self.chat_messages(None)  # earlier calls' arguments parse
+
+    def _check_tools(self) -> None:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) < len(names):
+            raise bad_request("two tools have the same name.", "tools")
+        for i, tool in enumerate(self.tools or []):
+            if tool.function.parameters is not None:
+                _schema(tool.function.parameters, f"tools.{i}.function.parameters")
+        if self.tool_choice == "required" and not names:
+            raise bad_request("tool_choice is 'required' but there are no tools.", "tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            wanted = self.tool_choice.function.name
+            if wanted not in names:
+                raise bad_request(
+                    f"tool_choice names the function '{wanted}', which is not among the tools.",
+                    "tool_choice",
+                )
+
+
+# A function without parameters takes an empty object.
+_NO_PARAMETERS: dict = {"type": "object", "properties": {}}
+
+
+def _template_message(index: int, message: Message) -> dict:
+    role = "system" if message.role == "developer" else message.role
+    rendered: dict = {"role": role, "content": content_text(message.content)}
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(call.function.arguments, index, n),
+                },
+            }
+            for n, call in enumerate(message.tool_calls)
+        ]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def _arguments(text: str, message: int, call: int) -> dict:
+    param = f"messages.{message}.tool_calls.{call}.function.arguments"
+    try:
+        return tool_calls.arguments_object(text, param)
+    except ValueError as error:
+        raise bad_request(str(error), param) from None
 
 
 class CompletionRequest(_Sampling):
@@ -411,7 +522,7 @@ class ChatShape:
     def opening(self, ids: ResponseIds, with_usage: bool) -> list[dict]:
         return [self._chunk(ids, {"role": "assistant", "content": ""}, None, with_usage)]
 
-    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict:
+    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict | None:
         return self._chunk(ids, {"content": text}, None, with_usage)
 
     def closing(self, ids: ResponseIds, answer: Answer, with_usage: bool) -> list[dict]:
@@ -421,6 +532,50 @@ class ChatShape:
     def _chunk(self, ids: ResponseIds, delta: dict, finish: str | None, with_usage: bool) -> dict:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _with_usage_slot({**ids.head(self.chunk_object), "choices": [choice]}, with_usage)
+
+
+class ToolCallShape(ChatShape):
+    """chat.completion where the model may call tools: the calls it wrote (tool_calls.py)
+    become `tool_calls` and finish_reason "tool_calls". Streamed, content goes out as it
+    comes until a call may begin; the calls come at the end, each as OpenAI streams one
+    (its index, id and name, then its arguments)."""
+
+    def __init__(self, names: list[str], parallel: bool = True) -> None:
+        self.names, self.parallel = names, parallel
+        self._held = tool_calls.HeldText()
+
+    def whole(self, ids: ResponseIds, answer: Answer) -> dict:
+        body = super().whole(ids, answer)
+        content, calls = self._split(answer.finished.text)
+        if calls:
+            choice = body["choices"][0]
+            choice["message"]["content"] = content or None
+            choice["message"]["tool_calls"] = [call.as_dict() for call in calls]
+            choice["finish_reason"] = "tool_calls"
+        return body
+
+    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict | None:
+        released = self._held.feed(text)
+        return self._chunk(ids, {"content": released}, None, with_usage) if released else None
+
+    def closing(self, ids: ResponseIds, answer: Answer, with_usage: bool) -> list[dict]:
+        content, calls = self._split(self._held.held)
+        chunks = [self._chunk(ids, {"content": content}, None, with_usage)] if content else []
+        for index, call in enumerate(calls):
+            named = {"index": index, "id": call.id, "type": "function",
+                     "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+            argued = {"index": index, "function": {"arguments": call.arguments}}
+            chunks += [
+                self._chunk(ids, {"tool_calls": [named]}, None, with_usage),
+                self._chunk(ids, {"tool_calls": [argued]}, None, with_usage),
+            ]
+        finish = "tool_calls" if calls else answer.finish_reason
+        chunks.append(self._chunk(ids, {}, finish, with_usage))
+        return [*chunks, _usage_chunk(ids, self.chunk_object, answer)] if with_usage else chunks
+
+    def _split(self, text: str) -> tuple[str, list[tool_calls.ToolCall]]:
+        content, calls = tool_calls.split_calls(text, self.names)
+        return content, calls if self.parallel else calls[:1]
 
 
 class TextShape:
@@ -436,7 +591,7 @@ class TextShape:
     def opening(self, ids: ResponseIds, with_usage: bool) -> list[dict]:
         return []
 
-    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict:
+    def delta(self, ids: ResponseIds, text: str, with_usage: bool) -> dict | None:
         chunk = {**ids.head(self.chunk_object), "choices": [self._choice(text, None)]}
         return _with_usage_slot(chunk, with_usage)
 

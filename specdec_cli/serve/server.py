@@ -53,9 +53,11 @@ from .serve_protocol import (
     CompletionRequest,
     ResponseIds,
     TextShape,
+    ToolCallShape,
     model_card,
     parse_request,
 )
+from .tool_calls import template_speaks_tools
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVE_CONTEXT = 8192  # without --ctx-size: room for an editor's file and a long answer
@@ -91,6 +93,7 @@ class ServerState:
         aliases: tuple[str, ...] = (),
         api_keys: tuple[str, ...] = (),
         log: RequestLog,
+        speaks_tools: bool = False,  # the target's chat template renders tools
     ) -> None:
         self.model_thread = model_thread
         self.decode = decode
@@ -100,6 +103,7 @@ class ServerState:
         self.created = int(decode.target.stat().st_mtime) if decode.target.exists() else 0
         self.api_keys = api_keys
         self.log = log
+        self.speaks_tools = speaks_tools
         self._draining: set[asyncio.Task] = set()
         self._noted_another_name = False
 
@@ -250,7 +254,18 @@ def _card(state: ServerState) -> dict:
 
 
 def _chat_prompt(state: ServerState) -> Callable[[ChatCompletionRequest], ChatPrompt]:
-    return lambda request: ChatPrompt(request.chat_messages(state.decode.system))
+    def prompt(request: ChatCompletionRequest) -> ChatPrompt:
+        tools = request.template_tools()
+        if tools and not state.speaks_tools:
+            raise ApiError(
+                400,
+                f"This model's chat template cannot express tools ({state.model_id}); "
+                "use a model whose template renders them, such as Qwen2.5's.",
+                param="tools",
+            )
+        return ChatPrompt(request.chat_messages(state.decode.system), tools)
+
+    return prompt
 
 
 def _text_prompt(request: CompletionRequest) -> TextPrompt:
@@ -278,7 +293,7 @@ async def _complete(
     request: Request,
     state: ServerState,
     request_type: type[ChatCompletionRequest] | type[CompletionRequest],
-    shape: ChatShape | TextShape,
+    shape: ChatShape | TextShape | ToolCallShape,
     make_prompt: Callable[..., ChatPrompt | TextPrompt],
 ) -> Response:
     record = RequestRecord(request.method, request.url.path, time.perf_counter())
@@ -286,6 +301,9 @@ async def _complete(
         owner = state.authorize(request)
         parsed = parse_request(await _read_body(request), request_type)
         record.stream = parsed.stream
+        if isinstance(parsed, ChatCompletionRequest) and parsed.functions():
+            names = [function.name for function in parsed.functions()]
+            shape = ToolCallShape(names, parallel=parsed.parallel_tool_calls is not False)
         state.note_model_name(parsed.model)
         loop = asyncio.get_running_loop()
         job = Job(
@@ -398,7 +416,7 @@ async def _disconnect(request: Request) -> None:
 async def _events(
     job: Job,
     ids: ResponseIds,
-    shape: ChatShape | TextShape,
+    shape: ChatShape | TextShape | ToolCallShape,
     with_usage: bool,
     record: RequestRecord,
     state: ServerState,
@@ -410,7 +428,9 @@ async def _events(
         while not ended:
             message = await job.next()
             if isinstance(message, str):
-                yield _sse(shape.delta(ids, message, with_usage))
+                delta = shape.delta(ids, message, with_usage)
+                if delta is not None:  # a tool call's text is held back
+                    yield _sse(delta)
                 continue
             ended = True
             error = api_error(message.error) if isinstance(message, Failed) else None
@@ -522,7 +542,12 @@ def _run_server(
     )
     log = RequestLog(sys.stderr, json_lines=options.json_log)
     state = ServerState(
-        model_thread, request.decode, aliases=request.aliases, api_keys=options.api_keys, log=log
+        model_thread,
+        request.decode,
+        aliases=request.aliases,
+        api_keys=options.api_keys,
+        log=log,
+        speaks_tools=template_speaks_tools(pair.target.chat_template()),
     )
     config = uvicorn.Config(
         create_app(state),

@@ -1,0 +1,195 @@
+"""Tool calls over `specdec serve`: the model's own template renders the tools, what it
+writes between <tool_call> tags becomes OpenAI's tool_calls, and a call that must be made
+is forced by a grammar built from the functions' parameter schemas."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from test_server import KEY, ServerProcess, http
+from tiny_gguf import TARGET_SEED, write_tiny_llama
+
+from specdec_cli.serve.serve_protocol import ApiError, ChatCompletionRequest
+from specdec_cli.serve.tool_calls import HeldText, split_calls, template_speaks_tools
+
+# A Hermes-style template of this test's own: the tools in the system turn, earlier calls
+# between the tags, a tool's answer as a `tool` turn.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call:{% for t in tools %} "
+    '{{ t.function.name }}{% endfor %}. Write <tool_call>{"name": ..., "arguments": ...}'
+    "</tool_call>.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    '{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "'
+    '{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "rain": {"type": "boolean"}},
+    "required": ["city", "rain"],
+}
+SEARCH = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "maxLength": 8}},
+    "required": ["query"],
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "weather", "parameters": WEATHER}},
+    {"type": "function",
+     "function": {"name": "search", "description": "find", "parameters": SEARCH}},
+]  # fmt: skip
+ASK = [{"role": "user", "content": "the cat sat on"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_models, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tools")
+    target = write_tiny_llama(folder / "tools_target.gguf", seed=TARGET_SEED,
+                              chat_template=TOOLS_TEMPLATE, name="tiny-tools")  # fmt: skip
+    process = ServerProcess(
+        *("--target", str(target), "--draft", str(tiny_models.close_drafter)),
+        *("--drafter", "fixed", "--threads", "1", "--api-key", KEY),
+        home=folder / "home",
+    )
+    yield process
+    assert process.stop() == 0, "\n".join(process.lines)
+
+
+@pytest.fixture(scope="module")
+def client(tool_server):
+    return openai.OpenAI(base_url=tool_server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def matches(name: str, arguments: dict) -> bool:
+    if name == "weather":
+        return set(arguments) == {"city", "rain"} and arguments["city"] in ("Paris", "Oslo") \
+            and isinstance(arguments["rain"], bool)  # fmt: skip
+    return set(arguments) == {"query"} and len(arguments["query"]) <= 8
+
+
+def test_a_required_call_parses_matches_and_streams_the_same(client):
+    answer = client.chat.completions.create(
+        model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200, temperature=0
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert matches(call.function.name, json.loads(call.function.arguments)), call
+
+    stream = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS,
+                                            tool_choice="required", max_tokens=200,
+                                            temperature=0, stream=True)  # fmt: skip
+    name, arguments, finish = "", "", None
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            assert delta.index == 0
+            name += delta.function.name or ""
+            arguments += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, arguments, finish) == (call.function.name, call.function.arguments, "tool_calls")
+
+
+def test_a_named_function_is_the_one_called(client):
+    for name in ("weather", "search"):
+        answer = client.chat.completions.create(
+            model="m", messages=ASK, tools=TOOLS, max_tokens=200, temperature=0,
+            tool_choice={"type": "function", "function": {"name": name}},
+        )  # fmt: skip
+        (call,) = answer.choices[0].message.tool_calls
+        assert call.function.name == name and matches(name, json.loads(call.function.arguments))
+
+
+def test_a_conversation_with_a_call_and_its_result_is_answered(client):
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "weather", "arguments": '{"city": "Oslo", "rain": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain, 4 degrees"},
+    ]  # fmt: skip
+    answer = client.chat.completions.create(
+        model="m", messages=history, tools=TOOLS, tool_choice="none", max_tokens=16, temperature=0
+    )
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+def test_without_tools_in_its_template_a_model_refuses_them(tool_server, tiny_models, tmp_path):
+    plain = ServerProcess("--target", str(tiny_models.target), "--no-draft", "--threads", "1",
+                          home=tmp_path)  # fmt: skip
+    try:
+        body = {"messages": ASK, "tools": TOOLS, "max_tokens": 4}
+        response = http(plain, "POST", "/v1/chat/completions", key=None, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tools" and "cannot express tools" in error["message"]
+        plain_body = {"messages": ASK, "max_tokens": 4}
+        assert http(plain, "POST", "/v1/chat/completions", key=None, json=plain_body).is_success
+    finally:
+        assert plain.stop() == 0
+
+
+# ---- the protocol and the parsing (no model) --------------------------------------------------
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"n": {"type": "number", "minimum": 1}}}}}]},
+         "tools.0.function.parameters"),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+        ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": [*ASK, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+          "function": {"name": "weather", "arguments": "{oops"}}]}]},
+         "messages.1.tool_calls.0.function.arguments"),
+        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, None),
+    ],
+)  # fmt: skip
+def test_tool_requests_that_cannot_be_honoured_are_400s_naming_the_field(fields, param):
+    with pytest.raises(ApiError) as raised:
+        chat(**fields).check_supported()
+    assert raised.value.status == 400 and raised.value.param == param
+
+
+def test_only_a_forced_choice_constrains_the_answer():
+    assert chat().structure() is None and chat(tool_choice="auto").structure() is None
+    forced = chat(tool_choice="required").structure()
+    assert forced is not None and forced.before == "<tool_call>\n"
+    assert chat(tool_choice="none").template_tools() is None
+
+
+def test_calls_are_split_from_the_text_and_unknown_ones_stay_text():
+    call = '{"name": "search", "arguments": {"query": "x"}}'
+    text = f"Let me look.\n<tool_call>\n{call}\n</tool_call>"
+    content, calls = split_calls(text, ["search", "weather"])
+    assert content == "Let me look." and [c.name for c in calls] == ["search"]
+    assert json.loads(calls[0].arguments) == {"query": "x"}
+    other = '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>'
+    assert split_calls(other, ["search"]) == (other, [])
+    fenced = '```json\n{"name": "weather", "arguments": {"city": "Oslo", "rain": false}}\n```'
+    assert split_calls(fenced, ["weather"])[1][0].name == "weather"  # Qwen2.5-Coder, unforced
+    assert split_calls("{not json", ["weather"]) == ("{not json", [])
+
+
+def test_streamed_content_is_held_from_where_a_call_may_begin():
+    held = HeldText()
+    sent = [held.feed(piece) for piece in ["Sure", ", one ", "moment <tool", '_call>{"na', 'me"']]
+    assert "".join(sent) == "Sure, one moment " and held.held.startswith("<tool_call>")
+    bare = HeldText()
+    assert bare.feed("```js") == "" and bare.feed("on\n{") == ""  # may be a bare call
+    words = HeldText()
+    assert words.feed("Hello") == "Hello"
+
+
+def test_only_templates_with_tools_and_the_tags_speak_tools():
+    assert template_speaks_tools(TOOLS_TEMPLATE)
+    assert not template_speaks_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert not template_speaks_tools(None)
