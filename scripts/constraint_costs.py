@@ -23,6 +23,7 @@ from specdec_cli.decoding.modes import DrafterMode, build_drafter, measure_pair_
 from specdec_cli.errors import IncompatibleModelsError
 from specdec_cli.models.compat import check_compatible
 from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.serve.tool_calls import Function, forced_call
 from specdec_cli.structured import Structure
 
 MODELS = Path.home() / ".cache" / "specdec" / "models"
@@ -64,6 +65,18 @@ WORKLOADS = [
     ("any json", "List three prime numbers and their squares as a JSON object.",
      Structure.json_object()),
 ]  # fmt: skip
+TOOLS = [
+    Function("get_weather", "The weather now in a city", {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    Function("search_files", "Search the project's files for a string", {
+        "type": "object", "properties": {"query": {"type": "string"},
+                                         "max_results": {"type": "integer"}},
+        "required": ["query"]}),
+]  # fmt: skip
+TOOL_WORKLOADS = [
+    ("tool call (required)", "What's the weather in Paris right now?"),
+    ("tool call (required)", "Find where the function parse_header is defined in the project."),
+]
 
 
 class TimedConstraint:
@@ -89,6 +102,12 @@ class TimedConstraint:
         twin = TimedConstraint(self.inner.copy(), self.clock)
         self.clock["seconds"] += time.perf_counter() - began
         return twin
+
+    def forced_tokens(self):
+        began = time.perf_counter()
+        tokens = self.inner.forced_tokens()
+        self.clock["seconds"] += time.perf_counter() - began
+        return tokens
 
 
 def mask_costs(target: LlamaBackend) -> None:
@@ -121,6 +140,11 @@ def answer(target, prompt, structure, drafter, max_tokens: int):
     return finished, clock
 
 
+def decode_seconds(finished) -> float:
+    """After the first token (the prompt's decode, the same for both)."""
+    return finished.stats.seconds - (finished.stats.first_token_seconds or 0.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     target = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -141,20 +165,25 @@ def main() -> None:
     print(f"target step (exact, one token): {step * 1e3:.1f} ms; drafter "
           f"{Path(args.drafter).name} {'by text' if by_text else 'by ids'}")  # fmt: skip
     print("| workload | tokens | target alone s | grammar s (share) | tokens asked per token "
-          "| combined s | speedup | identical |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for name, text, structure in WORKLOADS:
-        prompt = encode_chat(target, [{"role": "user", "content": text}])
+          "| combined s | speedup | decode-only speedup | forced rounds | identical |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    tools = [f.template_entry() for f in TOOLS]
+    jobs = [(name, text, structure, None) for name, text, structure in WORKLOADS]
+    jobs += [(name, text, forced_call(TOOLS), tools) for name, text in TOOL_WORKLOADS]
+    for name, text, structure, offered in jobs:
+        prompt = encode_chat(target, [{"role": "user", "content": text}], offered)
         answer(target, prompt, structure, None, 8)  # warm-up: caches, the grammar's paths
         alone, clock = answer(target, prompt, structure, None, args.n)
         drafter = build_drafter(DrafterMode.COMBINED, target, draft_model, costs.fresh(), by_text)
         drafted, _ = answer(target, prompt, structure, drafter, args.n)
-        if str(alone.finish_reason) == "stop":
-            json.loads(alone.text)  # it parses
+        if str(alone.finish_reason) == "stop" and offered is None:
+            json.loads(alone.text)  # it parses (a tool call: between its tags)
         tokens = len(alone.tokens) + alone.stats.end_tokens
         print(f"| {name} | {tokens} | {alone.stats.seconds:.2f} | {clock['seconds']:.3f} "
               f"({clock['seconds'] / alone.stats.seconds:.1%}) | {clock['asked'] / tokens:.1f} "
               f"| {drafted.stats.seconds:.2f} | {alone.stats.seconds / drafted.stats.seconds:.2f}x "
+              f"| {decode_seconds(alone) / decode_seconds(drafted):.2f}x "
+              f"| {drafted.stats.draft_sources.get('forced', 0)} of {drafted.stats.target_passes} "
               f"| {drafted.tokens == alone.tokens} |")  # fmt: skip
 
 

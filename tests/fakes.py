@@ -321,8 +321,14 @@ class RuleConstraint:
     """A constraint from a rule: `allows(accepted, token)`, where `accepted` is every token
     accepted so far. Counts the ids it was asked about (`asked`, shared by its copies)."""
 
-    def __init__(self, allows: Callable[[tuple[int, ...], int], bool], asked=None) -> None:
-        self.allows, self.accepted = allows, ()
+    def __init__(
+        self,
+        allows: Callable[[tuple[int, ...], int], bool],
+        asked=None,
+        forced: Callable[[tuple[int, ...]], list[int]] = lambda _accepted: [],
+    ) -> None:
+        """`forced(accepted)`: what forced_tokens says (a guess the engine may draft)."""
+        self.allows, self.accepted, self.forced = allows, (), forced
         self.asked = asked if asked is not None else [0]
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
@@ -334,9 +340,12 @@ class RuleConstraint:
         self.accepted = (*self.accepted, token)
 
     def copy(self) -> RuleConstraint:
-        twin = RuleConstraint(self.allows, self.asked)
+        twin = RuleConstraint(self.allows, self.asked, self.forced)
         twin.accepted = self.accepted
         return twin
+
+    def forced_tokens(self) -> list[int]:
+        return self.forced(self.accepted)
 
 
 # --- time ---------------------------------------------------------------------------------------

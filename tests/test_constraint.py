@@ -170,3 +170,27 @@ def test_the_classic_rule_under_a_constraint_keeps_to_it():
     assert sum(r.drafted for r in rounds) > sum(r.accepted for r in rounds)  # some rejected
     for i, token in enumerate(finished.tokens):
         assert alternating(tuple(finished.tokens[:i]), token)
+
+
+def test_forced_text_is_drafted_for_free_and_leaves_the_answer_as_it_was():
+    # The rule forces nothing, but claims to: every other round a guess of three tokens
+    # that fit it (odd, even, odd or the reverse), right or wrong for this model.
+    def guess(accepted):
+        first = (len(accepted) + 1) % 2
+        return [first + 2, 1 - first + 4, first + 6] if len(accepted) % 2 else []
+
+    def target(forced=guess):
+        return FakeBackend(
+            table_model(10, seed=5, context=2), 10, end_of_generation={EOS},
+            constraints=lambda _s: RuleConstraint(alternating, forced=forced),
+        )  # fmt: skip
+
+    settings = GenerationSettings(max_tokens=40, draft_max=5, sampling=GREEDY, structure=ANY)
+    alone, _ = answer(target(), settings)
+    drafted, rounds = answer(target(), settings, FixedDrafter([1]))
+    assert drafted.tokens == alone.tokens
+    sources = {str(r.source) for r in rounds}
+    assert "forced" in sources and "ngram" in sources  # the drafter drafts where nothing is
+    assert drafted.stats.draft_sources["forced"] > 0
+    _, plain = answer(target(), settings)  # the target alone drafts nothing, forced or not
+    assert all(r.drafted == 0 for r in plain)

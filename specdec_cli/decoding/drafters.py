@@ -27,6 +27,7 @@ class DraftSource(str, Enum):
     PREDICTION = "prediction"  # the request's Predicted Output
     HISTORY = "history"  # earlier prompts and answers (history.py)
     EXPLORE = "explore"  # a filler the planner verifies to time a decode size (adaptive.py)
+    FORCED = "forced"  # text a grammar forces next (constraint.py)
     ORACLE = "oracle"  # bench's ceiling: the target alone's own answer
 
 

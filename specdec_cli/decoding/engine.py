@@ -15,7 +15,7 @@ import numpy as np
 from ..structured import Structure
 from .backend import Decoder, logits_for_suffix
 from .constraint import ConstrainedDistributions, allowed_prefix
-from .drafters import Draft, Drafter, DraftSource, Outcome
+from .drafters import Draft, Drafter, DraftSource, Outcome, ngram_draft
 from .sampling import (
     AcceptanceRule,
     Distribution,
@@ -344,9 +344,13 @@ class Generation:
         if self.drafter is None or k <= 0 or self.stats.target_passes == 0:
             return Draft.empty(), 0.0
         began = time.perf_counter()
-        draft = self.drafter.propose(
-            self.prompt + self.tokens, k, self.settings.sampling, self._chooser
-        )
+        forced = self._constraint.forced_tokens()[:k] if self._constraint is not None else []
+        if forced:  # free to propose, and the target can write nothing else (but spacing)
+            draft = ngram_draft(forced, 0, DraftSource.FORCED)
+        else:
+            draft = self.drafter.propose(
+                self.prompt + self.tokens, k, self.settings.sampling, self._chooser
+            )
         if self._constraint is not None and self._may_cut_drafts():
             draft = draft.cut(allowed_prefix(draft.tokens, self._constraint))
         return draft, time.perf_counter() - began

@@ -21,7 +21,7 @@ import jinja2  # llama-cpp-python's chat formatter renders with it
 import numpy as np
 
 from ..decoding.backend import VocabInfo, kept_prefix
-from ..decoding.constraint import Constraint
+from ..decoding.constraint import Constraint, forced_text
 from ..errors import (
     ChatTemplateError,
     ContextOverflowError,
@@ -334,6 +334,7 @@ class LlamaBackend:
         self._model = _load_model(self.path, n_gpu_layers, devices, tensor_split)
         self._refuse_unrollbackable_memory()
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._characters: dict[int, str] | None = None
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
         self._n_threads = n_threads or default_threads()
@@ -616,6 +617,16 @@ class LlamaBackend:
 
     # -- structured outputs ----------------------------------------------------------------
 
+    def character_tokens(self) -> dict[int, str]:
+        """The printable ASCII characters and newline that are a token of their own."""
+        if self._characters is None:
+            self._characters = {}
+            for character in [chr(c) for c in range(32, 127)] + ["\n"]:
+                ids = self.tokenize(character, add_special=False)
+                if len(ids) == 1:
+                    self._characters[ids[0]] = character
+        return self._characters
+
     def constrain(self, structure: Structure) -> Constraint:
         """llama.cpp's grammar engine over this vocabulary, at the grammar's start."""
         grammar = grammar_text(structure).encode("utf-8")
@@ -801,6 +812,13 @@ class GrammarConstraint:
 
     def copy(self) -> GrammarConstraint:
         return GrammarConstraint(llama_cpp.llama_sampler_clone(self._sampler), self._owner)
+
+    def forced_tokens(self) -> list[int]:
+        text = forced_text(self, self._owner.character_tokens())
+        if not text:
+            return []
+        # The grammar's own text: its tags may be the vocabulary's tokens (<tool_call>).
+        return self._owner.tokenize(text, add_special=False, parse_special=True)[:-1]
 
     def __del__(self) -> None:
         if getattr(self, "_sampler", None):
