@@ -5,6 +5,7 @@ one into a grammar the target's choices are masked by (see decoding/constraint.p
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -134,3 +135,111 @@ def _check_keyword(keyword: str, value: object, path: str) -> None:
                 check_schema(sub, f"{path}[{i}]")
         else:
             check_schema(value, path)
+
+
+_FORMATS = {
+    "date": r"\d{4}-\d{2}-\d{2}",
+    "time": r"\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?",
+    "date-time": r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?",
+}
+_JSON_TYPES = {
+    "object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
+}  # fmt: skip
+
+
+def schema_errors(value: object, schema: object, root: object = None, path: str = "$") -> list[str]:
+    """Where `value` breaks `schema`, for the keywords check_schema accepts (the bench's
+    validity check: an answer that parses and matches). Empty: it matches."""
+    root = schema if root is None else root
+    if schema is True or schema == {}:
+        return []
+    if schema is False or not isinstance(schema, dict):
+        return [f"{path}: nothing matches this schema"]
+    if "$ref" in schema:
+        return schema_errors(value, _resolve(schema["$ref"], root), root, path)
+    errors: list[str] = []
+    if "type" in schema and not _has_type(value, schema["type"]):
+        return [f"{path}: not of type {schema['type']}"]
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{path}: not {schema['const']!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: not one of {schema['enum']}")
+    for keyword, need in (("anyOf", 1), ("oneOf", 1)):
+        if keyword in schema:
+            fits = sum(not schema_errors(value, s, root, path) for s in schema[keyword])
+            if fits < need or (keyword == "oneOf" and fits > 1):
+                errors.append(f"{path}: matches {fits} of {keyword}")
+    for sub in schema.get("allOf", []):
+        errors += schema_errors(value, sub, root, path)
+    if isinstance(value, dict):
+        errors += _object_errors(value, schema, root, path)
+    if isinstance(value, list):
+        errors += _array_errors(value, schema, root, path)
+    if isinstance(value, str):
+        errors += _string_errors(value, schema, path)
+    return errors
+
+
+def _has_type(value: object, wanted: object) -> bool:
+    names = wanted if isinstance(wanted, list) else [wanted]
+    for name in names:
+        if name in ("number", "integer"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if name == "number" or float(value).is_integer():
+                return True
+        elif isinstance(value, _JSON_TYPES.get(str(name), ())) and not (
+            name != "boolean" and isinstance(value, bool)
+        ):
+            return True
+    return False
+
+
+def _resolve(ref: str, root: object) -> object:
+    node = root
+    for part in ref.removeprefix("#/").split("/") if ref != "#" else []:
+        node = node.get(part, False) if isinstance(node, dict) else False
+    return node
+
+
+def _object_errors(value: dict, schema: dict, root: object, path: str) -> list[str]:
+    errors = [
+        f"{path}: '{name}' is missing" for name in schema.get("required", []) if name not in value
+    ]
+    properties = schema.get("properties", {})
+    extra = schema.get("additionalProperties", True)
+    for name, item in value.items():
+        if name in properties:
+            errors += schema_errors(item, properties[name], root, f"{path}.{name}")
+        else:
+            errors += schema_errors(item, extra, root, f"{path}.{name}")
+    return errors
+
+
+def _array_errors(value: list, schema: dict, root: object, path: str) -> list[str]:
+    errors = []
+    if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", len(value)):
+        errors.append(f"{path}: {len(value)} items")
+    items = schema.get("items", True)
+    prefix = schema.get("prefixItems", items if isinstance(items, list) else [])
+    rest = True if isinstance(items, list) else items  # the older tuple form: any after it
+    for i, item in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else rest
+        errors += schema_errors(item, sub, root, f"{path}[{i}]")
+    return errors
+
+
+def _string_errors(value: str, schema: dict, path: str) -> list[str]:
+    errors = []
+    if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
+        errors.append(f"{path}: {len(value)} characters")
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{path}: does not match {schema['pattern']}")
+    form = schema.get("format", "")
+    if form in _FORMATS and not re.fullmatch(_FORMATS[form], value):
+        errors.append(f"{path}: not a {form}")
+    if form.startswith("uuid") and not re.fullmatch(
+        r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}", value
+    ):
+        errors.append(f"{path}: not a uuid")
+    return errors

@@ -204,3 +204,73 @@ def test_an_answer_cut_by_max_tokens_ends_with_length_and_valid_so_far(tiny_mode
                    str(schema_file), "-n", "6")  # fmt: skip
     assert cut["finish_reason"] == "length" and len(cut["tokens"]) == 6
     assert whole["text"].startswith(cut["text"]) and whole["tokens"][:6] == cut["tokens"]
+
+
+# ---- bench: structured workloads -------------------------------------------------------------
+
+STRUCTURED_PROMPTS = {
+    "version": 1,
+    "prompts": [
+        {"id": "card", "category": "extraction", "max_tokens": 96, "text": "the cat sat on",
+         "json_schema": SCHEMA},
+        {"id": "call", "category": "tool call", "max_tokens": 200, "text": "one two three",
+         "tools": [{"type": "function", "function": {"name": "weather", "parameters": {
+             "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+             "required": ["city"]}}}]},
+    ],
+}  # fmt: skip
+
+
+def test_bench_measures_structured_prompts_valid_and_identical(tiny_models, tmp_path):
+    prompts = tmp_path / "structured.json"
+    prompts.write_text("\n".join(json.dumps(p) for p in STRUCTURED_PROMPTS["prompts"]))
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(tiny_models.target), "--draft",
+            str(tiny_models.close_drafter), "--prompts", str(prompts), "--ctx-size", "1024",
+            "--warmup", "4", "--drafter", "fixed", "--repeats", "1",
+            "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"SPECDEC_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    runs = len(report["runs"])  # two prompts, each side once
+    assert runs >= 4 and report["summary"]["structured"] == {"answers": runs, "valid": runs}
+    assert f"structured answers: {runs} of {runs}" in result.output
+    assert all(row["output"]["identical"] for row in report["prompts"])
+    call = next(r for r in report["runs"] if r["prompt"] == "call")
+    assert call["text"].startswith("<tool_call>")
+
+
+def test_a_broken_answer_is_not_valid():
+    from specdec_cli.bench.bench_prompts import BenchPrompt
+
+    card = BenchPrompt("card", "x", "t", json_schema=SCHEMA)
+    good = {"ok": True, "size": "small", "word": "cat", "count": 3, "items": ["a"]}
+    assert card.valid(json.dumps(good)) is True
+    assert card.valid(json.dumps({**good, "size": "huge"})) is False
+    assert card.valid(json.dumps({**good, "items": ["a", "b", "c"]})) is False
+    assert card.valid(json.dumps({**good, "count": 2.5})) is False
+    assert card.valid("{") is False
+    free = BenchPrompt("free", "x", "t")
+    assert free.valid("anything") is None
+
+
+@pytest.mark.parametrize(
+    ("value", "schema", "ok"),
+    [
+        (True, {"type": "integer"}, False),
+        (3, {"type": "number"}, True),
+        (3.0, {"type": "integer"}, True),
+        ("2024-03-02", {"type": "string", "format": "date"}, True),
+        ("March 2nd", {"type": "string", "format": "date"}, False),
+        ([1, "a"], {"prefixItems": [{"type": "integer"}, {"type": "string"}]}, True),
+        ({"a": 1}, {"type": "object", "additionalProperties": False}, False),
+        ({"x": {"y": 1}}, {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {
+            "properties": {"y": {"$ref": "#/$defs/n"}}}}}, True),
+        (2, {"anyOf": [{"type": "string"}, {"const": 2}]}, True),
+        ("ab", {"pattern": "^a+$"}, False),
+    ],
+)  # fmt: skip
+def test_the_schema_check_of_answers(value, schema, ok):
+    from specdec_cli.structured import schema_errors
+
+    assert (not schema_errors(value, schema)) is ok

@@ -250,6 +250,7 @@ def _measure_prompt(
             seed=seed,
             rule=request.rule,
             prediction=prediction_tokens(pair.target, prompt.prediction),
+            structure=prompt.structure(),
         )
         wanted = any(c.history for c in request.configurations)
         history = (
@@ -279,6 +280,7 @@ def _measure_prompt(
                     finished.text,
                     finished.finish_reason,
                     finished.stats,
+                    prompt.valid(finished.text),
                 )
             )
     if request.sampling.greedy or request.rule == SamplingRule.INVARIANT:

@@ -14,11 +14,17 @@ import yaml
 from ..commands.prompting import prompt_tokens
 from ..decoding.backend import Backend, encode_chat
 from ..errors import BadUsageError
+from ..serve.tool_calls import Function, forced_call, split_calls
+from ..structured import Structure, StructureError, schema_errors
 
 DEFAULT_MAX_TOKENS = 128
 BUILTIN_SUITE = Path(__file__).parent / "prompts" / "suite.yaml"
 # Built-in prompt files by name (--prompts sessions): workloads that repeat across requests.
-BUILTIN_PROMPTS = {"suite": BUILTIN_SUITE, "sessions": BUILTIN_SUITE.with_name("sessions.yaml")}
+BUILTIN_PROMPTS = {
+    "suite": BUILTIN_SUITE,
+    "sessions": BUILTIN_SUITE.with_name("sessions.yaml"),
+    "structured": BUILTIN_SUITE.with_name("structured.yaml"),  # JSON schemas, tool calls
+}
 
 
 @dataclass(frozen=True)
@@ -33,14 +39,47 @@ class BenchPrompt:
     # Requests of one session run in file order and share history: a "+history" mode drafts
     # from the session's earlier prompts and answers (shell loops, agents, editors).
     session: str | None = None
+    # Structured workloads: the answer must match `json_schema`, or call one of `tools`
+    # (OpenAI's function tools, rendered by the chat template; the call is forced).
+    json_schema: dict | None = None
+    tools: tuple[dict, ...] = ()
 
     def tokens(self, target: Backend, *, raw: bool, system: str | None) -> list[int]:
+        if self.tools:
+            messages = list(self.messages) or [{"role": "user", "content": self.text or ""}]
+            return encode_chat(target, [dict(m) for m in messages], list(self.tools))
         if not self.messages:
             return prompt_tokens(target, self.text or "", system=self.system or system, raw=raw)
         if raw:  # no template: the contents as plain text
             text = "\n\n".join(m["content"] for m in self.messages)
             return target.tokenize(text, add_special=True)
         return encode_chat(target, [dict(m) for m in self.messages])
+
+    def functions(self) -> list[Function]:
+        return [
+            Function(f["name"], f.get("description"), f.get("parameters") or {"type": "object"})
+            for f in (tool["function"] for tool in self.tools)
+        ]
+
+    def structure(self) -> Structure | None:
+        if self.json_schema is not None:
+            return Structure.json_schema(self.json_schema)
+        return forced_call(self.functions()) if self.tools else None
+
+    def valid(self, text: str) -> bool | None:
+        """Whether a structured answer parses and matches (None: not a structured prompt)."""
+        if self.json_schema is not None:
+            try:
+                return not schema_errors(json.loads(text), self.json_schema)
+            except ValueError:
+                return False
+        if not self.tools:
+            return None
+        functions = {f.name: f for f in self.functions()}
+        _, calls = split_calls(text, list(functions))
+        return len(calls) == 1 and not schema_errors(
+            json.loads(calls[0].arguments), functions[calls[0].name].parameters
+        )
 
 
 _PROMPT_FIELDS = {
@@ -52,12 +91,15 @@ _PROMPT_FIELDS = {
     "max_tokens",
     "prediction",
     "session",
+    "json_schema",
+    "tools",
 }
 
 
 _FORMAT_FIX = (
     "Each prompt needs id, category, and text or messages (a list of {role, content}); "
-    "max_tokens, system, prediction and session are optional. See specdec_cli/prompts/."
+    "max_tokens, system, prediction, session and one of json_schema or tools are optional. "
+    "See specdec_cli/bench/prompts/."
 )
 
 
@@ -161,6 +203,7 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
     for key in ("system", "prediction", "session"):
         if item.get(key) is not None and not isinstance(item[key], str):
             raise fail(f"'{key}' must be a string")
+    structured = _structured_fields(item, fail)
     max_tokens = item.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise fail(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
@@ -173,6 +216,36 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
         max_tokens=max_tokens,
         prediction=item.get("prediction"),
         session=item.get("session"),
+        **structured,
+    )
+
+
+def _structured_fields(item: dict, fail) -> dict:
+    """json_schema (checked as run checks one) or tools (OpenAI's function tools)."""
+    if "json_schema" in item and "tools" in item:
+        raise fail("give at most one of 'json_schema' and 'tools'")
+    if "json_schema" in item:
+        try:
+            Structure.json_schema(item["json_schema"])
+        except StructureError as error:
+            raise fail(f"'json_schema': {error.message}") from None
+        return {"json_schema": item["json_schema"]}
+    tools = item.get("tools")
+    if tools is None:
+        return {}
+    if not isinstance(tools, list) or not tools or not all(_is_tool(t) for t in tools):
+        raise fail("'tools' must be a list of {type: function, function: {name, parameters}}")
+    return {"tools": tuple(tools)}
+
+
+def _is_tool(tool: object) -> bool:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return False
+    function = tool.get("function")
+    return (
+        isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("parameters", {}), dict)
     )
 
 

@@ -100,6 +100,7 @@ class RunRecord:
     text: str
     finish_reason: FinishReason
     stats: GenerationStats
+    valid: bool | None = None  # a structured prompt's answer parses and matches (None: free)
 
     def as_dict(self) -> dict:
         return {
@@ -110,6 +111,7 @@ class RunRecord:
             "seed": self.seed,
             "finish_reason": self.finish_reason,
             "text": self.text,
+            "valid": self.valid,
             **self.stats.as_dict(),
         }
 
@@ -406,6 +408,11 @@ class BenchReport:
                 best[row.name] = (row.speedup.value, row.configuration)
         return {name: configuration for name, (_, configuration) in best.items()}
 
+    def validity(self) -> dict | None:
+        """Structured prompts' answers: how many, and how many parsed and matched."""
+        judged = [run.valid for run in self.runs if run.valid is not None]
+        return {"answers": len(judged), "valid": sum(judged)} if judged else None
+
     def as_dict(self) -> dict:
         category_rows, suite_rows = self.category_rows(), self.suite_rows()
         return {
@@ -433,6 +440,7 @@ class BenchReport:
                 "best_configuration": next(iter(self.best(suite_rows).values()), None),
                 "best_per_category": self.best(category_rows),
                 "configurations": [row.as_dict() for row in suite_rows],
+                "structured": self.validity(),
             },
             "categories": [row.as_dict() for row in category_rows],
             "prompts": [row.as_dict() for row in self.prompt_rows()],

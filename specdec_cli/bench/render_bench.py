@@ -315,6 +315,12 @@ def summary_lines(report: bench_report.BenchReport) -> list[str]:
             f"{row.speedup.high:.2f}), {_num(row.alone.tokens_per_second)} → "
             f"{_num(row.speculative.tokens_per_second)} tok/s{same}"
         )
+    validity = report.validity()
+    if validity is not None:
+        lines.append(
+            f"structured answers: {validity['valid']} of {validity['answers']} parsed and "
+            "matched their schema or tool"
+        )
     if report.costs is not None:  # the table the planners started from, and the runs' own
         lines.append(render.costs_summary(report.costs))
     if report.costs_fast is not None:  # exact mode: the same probe with llama.cpp's kernels
