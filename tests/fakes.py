@@ -328,7 +328,8 @@ class RuleConstraint:
         forced: Callable[[tuple[int, ...]], list[int]] = lambda _accepted: [],
     ) -> None:
         """`forced(accepted)`: what forced_tokens says (a guess the engine may draft)."""
-        self.allows, self.accepted, self.forced = allows, (), forced
+        self.allows, self.forced = allows, forced
+        self.accepted: tuple[int, ...] = ()
         self.asked = asked if asked is not None else [0]
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
