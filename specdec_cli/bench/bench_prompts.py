@@ -57,7 +57,7 @@ class BenchPrompt:
 
     def functions(self) -> list[Function]:
         return [
-            Function(f["name"], f.get("description"), f.get("parameters") or {"type": "object"})
+            Function.of(f["name"], f.get("description"), f.get("parameters"))
             for f in (tool["function"] for tool in self.tools)
         ]
 

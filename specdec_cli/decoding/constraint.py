@@ -12,6 +12,7 @@ choice needs (usually one: the model's favourite is allowed).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -60,15 +61,15 @@ def allowed_best(row: np.ndarray, constraint: Constraint, count: int | None) -> 
     n = row.shape[-1]
     wanted = n if count is None else count
     found: list[np.ndarray] = []
-    asked = 0
+    asked = count_found = 0
     for end in (*ASK_SLICES, n):
         end = min(end, n)
         if end <= asked:
             continue
         ids = _best_ids(row, asked, end)
         found.append(ids[constraint.allowed(ids)])
-        asked = end
-        if sum(len(f) for f in found) >= wanted:
+        asked, count_found = end, count_found + len(found[-1])
+        if count_found >= wanted:
             break
     allowed = np.concatenate(found)[:wanted]
     if not len(allowed):
@@ -106,14 +107,15 @@ def masked_distribution(
     masked = np.full(row.shape[-1], -np.inf, dtype=np.float32)
     masked[ids] = row[ids]
     if len(ids) < (k or 0):  # fewer allowed than top-k: the filters see only those
-        settings = SamplingSettings(settings.temperature, len(ids), settings.top_p, settings.min_p)
+        settings = replace(settings, top_k=len(ids))
     return distribution(masked, settings)
 
 
 class ConstrainedDistributions(Sequence):
     """The target's masked distributions for a verified draft's rows, computed in order and
     only for the rows the acceptance rule reaches: row i is masked by the constraint as it
-    stands after the draft's first i tokens."""
+    stands after the draft's first i tokens. The constraint itself moves on as the rows are
+    masked (a rule reaches row i only when it kept the draft's first i tokens)."""
 
     def __init__(
         self,
@@ -123,19 +125,26 @@ class ConstrainedDistributions(Sequence):
         draft: Sequence[int],
     ) -> None:
         self._rows, self._sampling, self._draft = rows, sampling, draft
-        self._walker = constraint.copy()
+        self._constraint = constraint
         self._computed: list[Distribution] = []
+        self._walked = 0  # the draft tokens the constraint has accepted
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def __getitem__(self, i):
         while len(self._computed) <= i:
-            at = len(self._computed)
-            if at > 0:
-                self._walker.accept(self._draft[at - 1])
-            self._computed.append(masked_distribution(self._rows[at], self._sampling, self._walker))
+            self.accept_kept(len(self._computed))
+            row = self._rows[len(self._computed)]
+            self._computed.append(masked_distribution(row, self._sampling, self._constraint))
         return self._computed[i]
+
+    def accept_kept(self, n: int) -> None:
+        """Move the constraint on to after the draft's first `n` tokens (kept ones only)."""
+        assert n >= self._walked, "the constraint went past the tokens kept"
+        for token in self._draft[self._walked : n]:
+            self._constraint.accept(token)
+        self._walked = n
 
 
 def allowed_prefix(draft: Sequence[int], constraint: Constraint) -> int:

@@ -205,7 +205,7 @@ class _TextAssembler:
         hits = [at for at in (self._pending.find(s) for s in self._stops) if at >= 0]
         if hits:  # cut at the earliest stop, whichever of them it is
             return self._release(self._pending[: min(hits)]), True
-        hold = max((_overlap(self._pending, s) for s in self._stops), default=0)
+        hold = max((partial_match(self._pending, s) for s in self._stops), default=0)
         return self._release(self._pending[: len(self._pending) - hold]), False
 
     def flush(self) -> str:
@@ -217,7 +217,7 @@ class _TextAssembler:
         return text
 
 
-def _overlap(text: str, stop: str) -> int:
+def partial_match(text: str, stop: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
     for n in range(min(len(text), len(stop) - 1), 0, -1):
         if text.endswith(stop[:n]):
@@ -351,15 +351,16 @@ class Generation:
             draft = self.drafter.propose(
                 self.prompt + self.tokens, k, self.settings.sampling, self._chooser
             )
-        if self._constraint is not None and self._may_cut_drafts():
+        # A draft may end before its first forbidden token, saving the rows the target would
+        # reject it at, where each position's choice is the target's own; under the classic
+        # rule a rejected sampled token's replacement comes from the residual p - q instead.
+        if self._constraint is not None and self._choices_are_the_targets:
             draft = draft.cut(allowed_prefix(draft.tokens, self._constraint))
         return draft, time.perf_counter() - began
 
-    def _may_cut_drafts(self) -> bool:
-        """Whether a draft may end before its first token the constraint forbids, saving
-        the rows the target would reject it at: always where each position's choice is the
-        target's own (greedy, the invariant rule); under the classic rule a rejected sampled
-        token's replacement comes from the residual p - q, which cutting would skip."""
+    @property
+    def _choices_are_the_targets(self) -> bool:
+        """Greedy or the invariant rule: each position's token is the target's own choice."""
         return self.settings.sampling.greedy or self.settings.rule == SamplingRule.INVARIANT
 
     def _verify(self, draft: Draft) -> tuple[Verdict, float]:
@@ -386,20 +387,21 @@ class Generation:
         return verdict, time.perf_counter() - began
 
     def _constrained_verdict(self, draft: Draft, rows: np.ndarray) -> Verdict:
-        """The verdict with every row masked by the constraint, which then moves on by the
-        tokens kept and the target's own."""
-        constraint = self._constraint
-        assert constraint is not None
-        targets = ConstrainedDistributions(rows, self.settings.sampling, constraint, draft.tokens)
-        if self.settings.sampling.greedy or self.settings.rule == SamplingRule.INVARIANT:
+        """The verdict with every row masked by the constraint, which moves on, as the rows
+        are masked, by the tokens kept, and then by the target's own."""
+        assert self._constraint is not None
+        targets = ConstrainedDistributions(
+            rows, self.settings.sampling, self._constraint, draft.tokens
+        )
+        if self._choices_are_the_targets:
             position = len(self.prompt) + len(self.tokens)
             verdict = invariant_accept(draft.tokens, targets, self._chooser, position)
         else:
             verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
-        for token in [*draft.tokens[: verdict.n_accepted], verdict.next_token]:
-            if self.target.is_end_of_generation(token):
-                break  # the answer ends here: nothing after it is emitted
-            constraint.accept(token)
+        kept = draft.tokens[: verdict.n_accepted]
+        targets.accept_kept(verdict.n_accepted)
+        if not any(map(self.target.is_end_of_generation, [*kept, verdict.next_token])):
+            self._constraint.accept(verdict.next_token)  # after an end, nothing is emitted
         return verdict
 
     @staticmethod

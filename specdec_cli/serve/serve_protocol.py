@@ -286,9 +286,7 @@ class ChatCompletionRequest(_Sampling):
         if not self.tools or self.tool_choice == "none":
             return []
         return [
-            tool_calls.Function(
-                t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS
-            )
+            tool_calls.Function.of(t.function.name, t.function.description, t.function.parameters)
             for t in self.tools
         ]
 
@@ -340,10 +338,6 @@ class ChatCompletionRequest(_Sampling):
                     f"tool_choice names the function '{wanted}', which is not among the tools.",
                     "tool_choice",
                 )
-
-
-# A function without parameters takes an empty object.
-_NO_PARAMETERS: dict = {"type": "object", "properties": {}}
 
 
 def _template_message(index: int, message: Message) -> dict:

@@ -301,8 +301,8 @@ async def _complete(
         owner = state.authorize(request)
         parsed = parse_request(await _read_body(request), request_type)
         record.stream = parsed.stream
-        if isinstance(parsed, ChatCompletionRequest) and parsed.functions():
-            names = [function.name for function in parsed.functions()]
+        if isinstance(parsed, ChatCompletionRequest) and (functions := parsed.functions()):
+            names = [function.name for function in functions]
             shape = ToolCallShape(names, parallel=parsed.parallel_tool_calls is not False)
         state.note_model_name(parsed.model)
         loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..decoding.engine import partial_match
 from ..structured import Structure
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -28,7 +29,7 @@ _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$
 def template_speaks_tools(template: str | None) -> bool:
     """Whether a chat template renders tools and teaches the Hermes tags (Qwen2.5's does;
     Gemma 3's has no tools at all)."""
-    return bool(template) and "tools" in template and OPEN in template  # type: ignore[operator]
+    return template is not None and "tools" in template and OPEN in template
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,11 @@ class Function:
     name: str
     description: str | None
     parameters: dict  # a JSON schema (an object's, usually)
+
+    @classmethod
+    def of(cls, name: str, description: str | None, parameters: dict | None) -> Function:
+        """A function as a request gives it: without parameters, it takes an empty object."""
+        return cls(name, description, parameters or {"type": "object", "properties": {}})
 
     def template_entry(self) -> dict:
         """As OpenAI sends it, which is what chat templates render."""
@@ -145,7 +151,7 @@ class HeldText:
         if found >= 0:
             self._in_call = True
             return self._release(found)
-        return self._release(len(self.text) - _partial_open(self.text))
+        return self._release(len(self.text) - partial_match(self.text, OPEN))
 
     def _release(self, end: int) -> str:
         out, self._released = self.text[self._released : end], max(end, self._released)
@@ -154,14 +160,6 @@ class HeldText:
     @property
     def held(self) -> str:
         return self.text[self._released :]
-
-
-def _partial_open(text: str) -> int:
-    """How many of the text's last characters could begin OPEN."""
-    for n in range(min(len(text), len(OPEN) - 1), 0, -1):
-        if text.endswith(OPEN[:n]):
-            return n
-    return 0
 
 
 def arguments_object(arguments: str, where: str) -> dict:
