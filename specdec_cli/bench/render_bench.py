@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -150,122 +152,218 @@ def _styled_speedup(row: bench_report.Row) -> Text:
     return Text(_speedup(row), style=f"bold {colour}")
 
 
-# --- terminal ------------------------------------------------------------------------------
-
-
-def print_report(console: Console, report: bench_report.BenchReport) -> None:
-    sweep = len(report.configurations) > 1
-    if report.runs:
-        console.print(prompt_table(report, sweep))
-        console.print(category_table(report, sweep))
-        console.print(bar_chart(report))
-    for line in summary_lines(report):
-        console.print(line, soft_wrap=True)
-
-
-def prompt_table(report: bench_report.BenchReport, sweep: bool) -> Table:
-    table = _table("Per prompt (tok/s and time to first token: medians over repeats)")
-    _add_columns(
-        table,
-        [
-            "prompt",
-            "config",
-            "tok/s alone→spec",
-            "speedup (95% CI)",
-            "accept",
-            "drafted/acc",
-            "tok/pass",
-            "TTFT alone/spec",
-            "output",
-        ],
-        sweep,
-    )
-    category = None
-    for row in report.prompt_rows():
-        if row.category != category and category is not None:
-            table.add_section()
-        category = row.category
-        cells: list[RenderableType] = [
-            Text.assemble(row.name, (f" {row.category}", "dim")),
-            row.configuration,
-            _tps(row),
-            _speedup_cell(row),
-            _pct(row.speculative.acceptance),
-            f"{row.speculative.drafted}/{row.speculative.accepted}",
-            _num(row.speculative.tokens_per_pass, ".2f"),
-            f"{_num(row.alone.first_token_seconds, '.2f')}/"
-            f"{_num(row.speculative.first_token_seconds, '.2f')} s",
-            _output(row),
-        ]
-        table.add_row(*(cells if sweep else cells[:1] + cells[2:]))
-    return table
-
-
-def category_table(report: bench_report.BenchReport, sweep: bool) -> Table:
-    best = bench_report.BenchReport.best(report.category_rows()) if sweep else {}
-    table = _table("Per category (speedup: geometric mean of the per-prompt medians)")
-    _add_columns(
-        table,
-        [
-            "category",
-            "config",
-            "tok/s alone→spec",
-            "speedup (95% CI)",
-            "accept",
-            "tok/pass",
-            "time draft/verify/other",
-            "identical",
-            *(["of oracle"] if _has_oracle(report) else []),
-        ],
-        sweep,
-    )
-    for row in report.category_rows() + report.suite_rows():
-        if row.scope == "suite" and (row.configuration == report.configurations[0].label):
-            table.add_section()
-        label = row.configuration + (" ★" if best.get(row.name) == row.configuration else "")
-        cells: list[RenderableType] = [
-            Text(row.name, style="bold" if row.scope == "suite" else ""),
-            label,
-            _tps(row),
-            _speedup_cell(row),
-            _pct(row.speculative.acceptance),
-            _num(row.speculative.tokens_per_pass, ".2f"),
-            _split(row.speculative),
-            _identical(row),
-            *([_pct(row.efficiency)] if _has_oracle(report) else []),
-        ]
-        table.add_row(*(cells if sweep else cells[:1] + cells[2:]))
-    return table
-
-
-def _has_oracle(report: bench_report.BenchReport) -> bool:
-    return any(c.label == bench_configs.ORACLE for c in report.configurations)
-
-
-_LEFT = ("prompt", "category", "config", "output")
-
-
-def _add_columns(table: Table, names: list[str], sweep: bool) -> None:
-    """The config column only when several configurations are compared; it never wraps."""
-    for name in names:
-        if name != "config" or sweep:
-            table.add_column(
-                name, justify="left" if name in _LEFT else "right", no_wrap=name == "config"
-            )
-
-
-def _table(title: str) -> Table:
-    return Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-
-
 def _tps(row: bench_report.Row) -> str:
     return f"{_num(row.alone.tokens_per_second)} → {_num(row.speculative.tokens_per_second)}"
+
+
+def _ttft(row: bench_report.Row) -> str:
+    alone, spec = row.alone.first_token_seconds, row.speculative.first_token_seconds
+    return f"{_num(alone, '.2f')}/{_num(spec, '.2f')} s"
+
+
+def _drafted(row: bench_report.Row) -> str:
+    return f"{row.speculative.drafted}/{row.speculative.accepted}"
 
 
 def _speedup_cell(row: bench_report.Row) -> Text:
     if row.speedup is None:
         return Text("–")
     return Text.assemble(_styled_speedup(row), (f" ({_interval(row)})", "dim"))
+
+
+# --- the results tables, each described once ----------------------------------------------
+#
+# A table is its rows and its columns; both outputs are made from that one description. The
+# terminal fits a screen: one cell per column, two values packed into one ("18.6 → 31.9"),
+# colour, short headers, the config and oracle columns only when they say something. The
+# Markdown report is a file to keep and compare: every column always, a packed cell as its
+# separate values, plain text, no alignment row (as it always was).
+
+Cell = Callable[[bench_report.Row], str]
+
+
+@dataclass(frozen=True)
+class View:
+    """What the terminal shows of a report (the Markdown shows everything)."""
+
+    sweep: bool  # several configurations: the config column, and a ★ on each scope's best
+    oracle: bool  # the oracle ran: the "of oracle" column
+    best: Mapping[str, str]  # per category (and "suite"), the best configuration
+
+    @classmethod
+    def of(cls, report: bench_report.BenchReport) -> View:
+        sweep = len(report.configurations) > 1
+        oracle = any(c.label == bench_configs.ORACLE for c in report.configurations)
+        best = bench_report.BenchReport.best(report.category_rows()) if sweep else {}
+        return cls(sweep, oracle, best)
+
+
+def _always(view: View) -> bool:
+    return True
+
+
+def _markdown_only(view: View) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its header and cell on the terminal, its column(s) in Markdown.
+
+    The terminal's cell is `styled`, else `text` (a str, as Rich reads markup in it); the
+    Markdown's columns are `markdown`, else one column of `text` under `header`."""
+
+    header: str
+    text: Cell | None = None
+    styled: Callable[[bench_report.Row, View], RenderableType] | None = None
+    markdown: tuple[tuple[str, Cell], ...] | None = None
+    justify: Literal["left", "right"] = "right"
+    no_wrap: bool = False
+    on_terminal: Callable[[View], bool] = _always
+
+    def terminal_cell(self, row: bench_report.Row, view: View) -> RenderableType:
+        if self.styled is not None:
+            return self.styled(row, view)
+        assert self.text is not None, f"column {self.header!r} has no cell"
+        return self.text(row)
+
+    def markdown_columns(self) -> tuple[tuple[str, Cell], ...]:
+        if self.markdown is not None:
+            return self.markdown
+        assert self.text is not None, f"column {self.header!r} has no cell"
+        return ((self.header, self.text),)
+
+
+@dataclass(frozen=True)
+class ResultsTable:
+    """One results table: its rows and its columns, for both outputs."""
+
+    title: str  # the Markdown's heading; the terminal's title with `note`
+    note: str
+    rows: Callable[[bench_report.BenchReport], list[bench_report.Row]]
+    group: Callable[[bench_report.Row], object]  # the terminal draws a rule where it changes
+    columns: tuple[Column, ...]
+
+
+def _starred(row: bench_report.Row, view: View) -> str:
+    return row.configuration + (" ★" if view.best.get(row.name) == row.configuration else "")
+
+
+_CONFIG = Column(
+    "config",
+    lambda r: r.configuration,
+    justify="left",
+    no_wrap=True,
+    on_terminal=lambda view: view.sweep,
+)
+_TOKENS_PER_SECOND = Column(
+    "tok/s alone→spec",
+    _tps,
+    markdown=(
+        ("alone tok/s", lambda r: _num(r.alone.tokens_per_second)),
+        ("spec tok/s", lambda r: _num(r.speculative.tokens_per_second)),
+    ),
+)
+_SPEEDUP = Column(
+    "speedup (95% CI)",
+    styled=lambda r, view: _speedup_cell(r),
+    markdown=(("speedup", _speedup), ("95% CI", _interval)),
+)
+_ACCEPT = Column("accept", lambda r: _pct(r.speculative.acceptance))
+_TOKENS_PER_PASS = Column("tok/pass", lambda r: _num(r.speculative.tokens_per_pass, ".2f"))
+_DRAFTED = Column("drafted/acc", _drafted, markdown=(("drafted/accepted", _drafted),))
+
+PROMPTS = ResultsTable(
+    title="Per prompt",
+    note="tok/s and time to first token: medians over repeats",
+    rows=lambda report: report.prompt_rows(),
+    group=lambda row: row.category,
+    columns=(
+        Column(
+            "prompt",
+            styled=lambda r, view: Text.assemble(r.name, (f" {r.category}", "dim")),
+            markdown=(("prompt", lambda r: r.name), ("category", lambda r: r.category or "")),
+            justify="left",
+        ),
+        _CONFIG,
+        Column("prompt tokens", lambda r: _num(r.prompt_tokens, "d"), on_terminal=_markdown_only),
+        _TOKENS_PER_SECOND,
+        _SPEEDUP,
+        _ACCEPT,
+        _TOKENS_PER_PASS,
+        _DRAFTED,
+        Column(
+            "TTFT alone/spec",
+            _ttft,
+            markdown=(
+                ("TTFT alone", lambda r: _num(r.alone.first_token_seconds, ".3f", " s")),
+                ("TTFT spec", lambda r: _num(r.speculative.first_token_seconds, ".3f", " s")),
+            ),
+        ),
+        Column(
+            "draft lengths",
+            lambda r: " ".join(f"{k}:{v}" for k, v in r.speculative.draft_lengths.items()),
+            on_terminal=_markdown_only,
+        ),
+        Column("output", _output, justify="left"),
+    ),
+)
+
+CATEGORIES = ResultsTable(
+    title="Per category",
+    note="speedup: geometric mean of the per-prompt medians",
+    rows=lambda report: report.category_rows() + report.suite_rows(),
+    group=lambda row: row.scope,  # the suite's rows below the categories'
+    columns=(
+        Column(
+            "category",
+            lambda r: r.name,
+            styled=lambda r, view: Text(r.name, style="bold" if r.scope == "suite" else ""),
+            justify="left",
+        ),
+        replace(_CONFIG, styled=_starred),
+        _TOKENS_PER_SECOND,
+        _SPEEDUP,
+        _ACCEPT,
+        _TOKENS_PER_PASS,
+        replace(_DRAFTED, on_terminal=_markdown_only),
+        Column("time draft/verify/other", lambda r: _split(r.speculative)),
+        Column("identical", _identical),
+        Column("of oracle", lambda r: _pct(r.efficiency), on_terminal=lambda view: view.oracle),
+    ),
+)
+
+
+# --- terminal ------------------------------------------------------------------------------
+
+
+def print_report(console: Console, report: bench_report.BenchReport) -> None:
+    if report.runs:
+        view = View.of(report)
+        console.print(terminal_table(PROMPTS, report, view))
+        console.print(terminal_table(CATEGORIES, report, view))
+        console.print(bar_chart(report))
+    for line in summary_lines(report):
+        console.print(line, soft_wrap=True)
+
+
+def terminal_table(spec: ResultsTable, report: bench_report.BenchReport, view: View) -> Table:
+    table = Table(
+        title=f"{spec.title} ({spec.note})",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+    )
+    columns = [c for c in spec.columns if c.on_terminal(view)]
+    for column in columns:
+        table.add_column(column.header, justify=column.justify, no_wrap=column.no_wrap)
+    previous = None
+    for row in spec.rows(report):
+        if previous is not None and spec.group(row) != spec.group(previous):
+            table.add_section()
+        previous = row
+        table.add_row(*(column.terminal_cell(row, view) for column in columns))
+    return table
 
 
 def bar_chart(report: bench_report.BenchReport) -> Text:
@@ -345,80 +443,9 @@ def markdown(report: bench_report.BenchReport) -> str:
     if not report.complete:
         lines += [f"**Incomplete** ({report.stopped_by}): {report.missing_summary()}", ""]
     lines += [strip_markup(line) for line in summary_lines(report)]
-    lines += ["", "## Per category", ""]
-    lines += _md_table(
-        [
-            "category",
-            "config",
-            "alone tok/s",
-            "spec tok/s",
-            "speedup",
-            "95% CI",
-            "accept",
-            "tok/pass",
-            "drafted/accepted",
-            "time draft/verify/other",
-            "identical",
-            "of oracle",
-        ],
-        [
-            [
-                r.name,
-                r.configuration,
-                _num(r.alone.tokens_per_second),
-                _num(r.speculative.tokens_per_second),
-                _speedup(r),
-                _interval(r),
-                _pct(r.speculative.acceptance),
-                _num(r.speculative.tokens_per_pass, ".2f"),
-                f"{r.speculative.drafted}/{r.speculative.accepted}",
-                _split(r.speculative),
-                _identical(r),
-                _pct(r.efficiency),
-            ]
-            for r in report.category_rows() + report.suite_rows()
-        ],
-    )
-    lines += ["", "## Per prompt", ""]
-    lines += _md_table(
-        [
-            "prompt",
-            "category",
-            "config",
-            "prompt tokens",
-            "alone tok/s",
-            "spec tok/s",
-            "speedup",
-            "95% CI",
-            "accept",
-            "tok/pass",
-            "drafted/accepted",
-            "TTFT alone",
-            "TTFT spec",
-            "draft lengths",
-            "output",
-        ],
-        [
-            [
-                r.name,
-                r.category or "",
-                r.configuration,
-                _num(r.prompt_tokens, "d"),
-                _num(r.alone.tokens_per_second),
-                _num(r.speculative.tokens_per_second),
-                _speedup(r),
-                _interval(r),
-                _pct(r.speculative.acceptance),
-                _num(r.speculative.tokens_per_pass, ".2f"),
-                f"{r.speculative.drafted}/{r.speculative.accepted}",
-                _num(r.alone.first_token_seconds, ".3f", " s"),
-                _num(r.speculative.first_token_seconds, ".3f", " s"),
-                " ".join(f"{k}:{v}" for k, v in r.speculative.draft_lengths.items()),
-                _output(r),
-            ]
-            for r in report.prompt_rows()
-        ],
-    )
+    for spec in (CATEGORIES, PROMPTS):
+        lines += ["", f"## {spec.title}", ""]
+        lines += markdown_table(spec, report)
     lines += ["", "## Settings", ""]
     lines += _md_table(
         ["setting", "value"],
@@ -445,6 +472,14 @@ def markdown(report: bench_report.BenchReport) -> str:
     lines += [f"- **{key}**: {value}" for key, value in bench_report.METHOD.items()]
     lines += ["", f"Started {report.started_at}, finished {report.finished_at}.", ""]
     return "\n".join(lines)
+
+
+def markdown_table(spec: ResultsTable, report: bench_report.BenchReport) -> list[str]:
+    columns = [column for c in spec.columns for column in c.markdown_columns()]
+    return _md_table(
+        [header for header, _ in columns],
+        [[cell(row) for _, cell in columns] for row in spec.rows(report)],
+    )
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
