@@ -276,18 +276,19 @@ def resolve_models(
     Neither means the registry's default pair; --target alone, the smallest drafter in the
     registry that shares its vocabulary (when the drafting mode needs a draft model)."""
     from . import render_fetch
-    from .models import fetch
+    from .models.registry import load_registry
+    from .models.resolve import pick_drafter, resolve_model
 
     progress = render_fetch.RichFetchProgress()
-    resolve = partial(fetch.resolve_model, models_file=models, offline=offline, progress=progress)
+    resolve = partial(resolve_model, models_file=models, offline=offline, progress=progress)
     resolved = resolve(target or DEFAULT_TARGET)
     if not needs_draft_model:
         return resolved.path, None
     if not draft and not target:
-        draft = fetch.load_registry(models).default_draft
+        draft = load_registry(models).default_draft
     if draft:
         return resolved.path, resolve(draft).path
-    picked = fetch.pick_drafter(resolved, models_file=models, offline=offline, progress=progress)
+    picked = pick_drafter(resolved, models_file=models, offline=offline, progress=progress)
     render.stderr_console().print(
         f"[dim]drafter: {picked.name} (the smallest compatible model for {resolved.name})[/dim]"
     )
@@ -299,11 +300,11 @@ def resolve_extra_drafts(
 ) -> dict[str, Path]:
     """More drafters for bench to compare, by label."""
     from . import render_fetch
-    from .models import fetch
+    from .models.resolve import resolve_model
 
     progress = render_fetch.RichFetchProgress()
     return {
-        draft_label(name): fetch.resolve_model(
+        draft_label(name): resolve_model(
             name, models_file=models, offline=offline, progress=progress
         ).path
         for name in names
@@ -516,11 +517,11 @@ def pull(
 ) -> None:
     """Download and verify models; prints NAME<TAB>PATH per model."""
     from . import render_fetch
-    from .models import fetch
+    from .models.resolve import pull as pull_models
 
     with user_errors():
         progress = render_fetch.RichFetchProgress()
-        pulled = fetch.pull(names or [], models_file=models, progress=progress)
+        pulled = pull_models(names or [], models_file=models, progress=progress)
         render_fetch.print_pulled(pulled)
         if optimize_drafter:
             optimise_pulled_drafters(pulled, models, progress, HardwareOptions(threads=threads))
@@ -529,7 +530,7 @@ def pull(
 def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) -> None:
     from . import render_fetch
     from .commands.tune import optimise_drafter
-    from .models import fetch
+    from .models.resolve import resolve_model
 
     drafters = [m for m in pulled if m.entry is not None and m.entry.role == "drafter"]
     if not drafters:
@@ -537,13 +538,13 @@ def optimise_pulled_drafters(pulled, models: Path | None, progress, hardware) ->
             "--optimize-drafter found no drafter among the models pulled.",
             "Name one, e.g. `specdec pull small --optimize-drafter`.",
         )
-    target = fetch.resolve_model(DEFAULT_TARGET, models_file=models, progress=progress)
+    target = resolve_model(DEFAULT_TARGET, models_file=models, progress=progress)
     console = render.stderr_console()
     for drafter in drafters:
         with console.status(f"requantising and measuring {drafter.name}…"):
             result = optimise_drafter(drafter, target, hardware, models)
         render.print_optimisation(console, result, target.name)
-        render_fetch.print_pulled([fetch.resolve_model(result.name, models_file=models)])
+        render_fetch.print_pulled([resolve_model(result.name, models_file=models)])
 
 
 @app.command(name="models")
@@ -554,11 +555,11 @@ def list_models(
 ) -> None:
     """List the registry: what is downloaded where, and which drafter fits which target."""
     from . import render_fetch
-    from .models import fetch
+    from .models.model_status import model_statuses
     from .models.registry import load_registry
 
     with user_errors():
-        statuses = fetch.model_statuses(load_registry(models))
+        statuses = model_statuses(load_registry(models))
         if json_output:
             render_fetch.print_models_json(statuses)
         else:

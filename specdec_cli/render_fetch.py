@@ -19,7 +19,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .models.fetch import ModelStatus, ResolvedModel
+from .models.model_status import ModelStatus
+from .models.resolve import ResolvedModel
 
 
 class RichFetchProgress:

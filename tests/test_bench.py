@@ -18,7 +18,7 @@ from specdec_cli.decoding.engine import FinishReason, GenerationStats, SamplingR
 from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.errors import BadUsageError, ContextOverflowError
-from specdec_cli.models.fetch import cached_sha256
+from specdec_cli.models.checksums import cached_sha256
 from specdec_cli.request import HardwareOptions
 
 runner = CliRunner()
@@ -167,7 +167,7 @@ def test_sha256_is_cached(tmp_path, monkeypatch):
     def no_rehash(path):
         raise AssertionError("hashed twice")
 
-    monkeypatch.setattr("specdec_cli.models.fetch.sha256_of", no_rehash)
+    monkeypatch.setattr("specdec_cli.models.checksums.sha256_of", no_rehash)
     assert cached_sha256(model, cache) == digest
 
 

@@ -16,7 +16,7 @@ import pytest
 from model_files import VOCAB_A, write_gguf
 
 from specdec_cli.errors import ChecksumError, FetchError
-from specdec_cli.models.fetch import resolve_model
+from specdec_cli.models.resolve import resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = "acme/tiny-GGUF"

@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.errors import ChecksumError, FetchError
-from specdec_cli.models.fetch import joined_path, resolve_model
+from specdec_cli.models.pypi import joined_path
 from specdec_cli.models.registry import load_registry
+from specdec_cli.models.resolve import resolve_model
 
 VERSION = "0.3.0"
 

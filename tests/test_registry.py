@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.errors import IncompatibleModelsError, ModelFileError, RegistryError
-from specdec_cli.models.fetch import model_statuses, pick_drafter, resolve_model
 from specdec_cli.models.gguf_meta import FingerprintCache, read_gguf_info
+from specdec_cli.models.model_status import model_statuses
 from specdec_cli.models.registry import HubSource, PypiSource, load_registry
+from specdec_cli.models.resolve import pick_drafter, resolve_model
 from specdec_cli.render_fetch import print_models_table
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -530,7 +530,7 @@ def test_a_client_killed_mid_load_leaves_the_worker_serving(tiny_models, two_wor
 def test_the_real_pair_over_two_workers_is_the_rpc_target_alones_answer(shared_model_cache):
     """The default pair, exact mode: Q4_K/Q6_K weights on plain CPU buffers at the workers,
     verified with the row-wise kernels there; the drafter's passes local."""
-    from specdec_cli.models.fetch import resolve_model
+    from specdec_cli.models.resolve import resolve_model
 
     target, drafter = resolve_model("large").path, resolve_model("small").path
     prompt = "Write a Python function that checks whether a string is a palindrome."

@@ -586,7 +586,7 @@ def test_port_in_use_and_the_network_warning(tiny_models):
 @pytest.fixture(scope="module")
 def real_pair(shared_model_cache) -> tuple[Path, Path]:
     """The default pair from the user's model cache (pulled there once), as test_real_pair."""
-    from specdec_cli.models.fetch import resolve_model
+    from specdec_cli.models.resolve import resolve_model
 
     return resolve_model("large").path, resolve_model("small").path
 

@@ -12,7 +12,7 @@ from test_real_pair import PROMPTS
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.models.fetch import resolve_model
+from specdec_cli.models.resolve import resolve_model
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import yaml
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.models.fetch import resolve_model
 from specdec_cli.models.registry import load_registry
+from specdec_cli.models.resolve import resolve_model
 
 
 def test_optimize_drafter_builds_measures_and_records(tiny_models, tmp_path, monkeypatch):

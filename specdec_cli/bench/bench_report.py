@@ -523,7 +523,7 @@ def _load_average() -> list[float] | None:
 
 
 def model_record(backend: Backend, path: Path) -> dict:
-    from ..models.fetch import cached_sha256
+    from ..models.checksums import cached_sha256
 
     record = {
         "path": str(path),

@@ -8,8 +8,8 @@ from pathlib import Path
 from ..decoding.drafters import Drafter
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import DrafterMode, build_drafter
-from ..models.fetch import FINGERPRINT_CHARS, fingerprints
 from ..models.loading import ModelPair
+from ..models.vocab import FINGERPRINT_CHARS, fingerprints
 from ..request import DecodeRequest
 from .cost_cache import pair_costs
 from .history_file import HistoryFile

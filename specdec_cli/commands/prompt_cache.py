@@ -207,7 +207,7 @@ def prompt_cache_key(pair: ModelPair, hardware: HardwareOptions) -> str:
     """What a saved KV state depends on: each model file's content, the kernels (exact or
     fast, and the build), threads and GPU layers."""
     from ..models import llama_backend
-    from ..models.fetch import cached_sha256
+    from ..models.checksums import cached_sha256
 
     files = [cached_sha256(b.path) if b and b.path else "-" for b in (pair.target, pair.drafter)]
     setup = f"{hardware.placement()}:{llama_backend.kernel_signature(hardware.exact)}"

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from ..decoding.engine import Generation, GenerationSettings
 from ..decoding.modes import measure_pair_costs, model_drafter
-from ..models.fetch import ResolvedModel, models_dir, sha256_of
+from ..models.checksums import sha256_of
 from ..models.loading import load_pair
+from ..models.pypi import models_dir
 from ..models.registry import load_registry, record_user_model
+from ..models.resolve import ResolvedModel
 from ..request import HardwareOptions
 from .prompting import prompt_tokens
 
