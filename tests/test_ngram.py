@@ -1,13 +1,35 @@
-"""Prompt lookup: the n-gram index, its cursor, and the n-gram drafter."""
+"""N-grams: the table the indexes share (ngram.py); prompt lookup: the n-gram index, its
+cursor, and the n-gram drafter."""
 
 from __future__ import annotations
 
 from specdec_cli.decoding.drafters import NgramDrafter, NgramIndex
+from specdec_cli.decoding.ngram import SEPARATOR, NgramTable
 from specdec_cli.decoding.sampling import GumbelChooser, SamplingSettings
 
 A, B, W, X, Y, Z = 1, 2, 9, 10, 11, 12
 # "a b" occurred twice before the text's ending "a b": first followed by X, then by Y.
 TWICE = [A, B, X, Z, A, B, Y, W, A, B]
+
+
+def test_the_table_keeps_where_each_ngram_ended_as_tokens_are_appended():
+    table = NgramTable(range(1, 3))
+    table.extend([A, B])
+    table.extend([A, B, X])
+    assert table.ends([A, B]) == [1, 3] and table.ends([B, A]) == [2]
+    assert table.ends([B]) == [1, 3] and table.ends([X]) == [4]
+    assert table.ends([A, B, A]) == []  # 3 is not one of its sizes
+    assert table.following(1, 2) == (A, B) and table.following(1, 100) == (A, B, X)
+
+
+def test_no_ngram_or_continuation_of_the_table_crosses_a_document_end():
+    table = NgramTable(range(1, 3))
+    table.extend([A, B])
+    table.end_document()
+    table.extend([X, A])
+    assert table.ends([SEPARATOR, X]) == [] and table.ends([B, SEPARATOR]) == []
+    assert table.ends([X]) == [3] and table.ends([X, A]) == [4] and table.ends([A]) == [0, 4]
+    assert table.following(0, 100) == (B,) and table.following(3, 100) == (A,)
 
 
 def index_of(tokens: list[int]) -> NgramIndex:

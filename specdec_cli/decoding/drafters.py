@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .backend import Decoder, logits_for_suffix
+from .ngram import NgramTable
 from .sampling import Distribution, SamplingSettings, TokenChooser, distribution
 
 
@@ -243,30 +244,23 @@ class NgramIndex:
         self._reset()
 
     def _reset(self) -> None:
-        self._tokens: list[int] = []
-        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._table = NgramTable(range(1, self.max_n + 1))
         self._cursor = -1  # where the last continuation was taken from
 
     def sync(self, context: Sequence[int]) -> None:
-        known = len(self._tokens)
-        if len(context) < known or list(context[:known]) != self._tokens:
+        known = len(self._table.tokens)
+        if len(context) < known or list(context[:known]) != self._table.tokens:
             self._reset()  # the history was edited (a new chat, a trimmed turn): start over
             known = 0
-        for token in context[known:]:
-            self._append(int(token))
-
-    def _append(self, token: int) -> None:
-        self._tokens.append(token)
-        end = len(self._tokens) - 1
-        for n in range(1, min(self.max_n, end + 1) + 1):
-            self._ends.setdefault(tuple(self._tokens[end - n + 1 :]), []).append(end)
+        self._table.extend(int(token) for token in context[known:])
 
     def lookup(self, max_tokens: int) -> NgramMatch:
         """The tokens that followed the longest earlier match of the text's ending. Only
         looks: planning a draft that is then not proposed must not change later lookups."""
-        last = len(self._tokens) - 1
-        for n in range(min(self.max_n, len(self._tokens)), self.min_n - 1, -1):
-            ends = self._ends.get(tuple(self._tokens[last - n + 1 :]), [])
+        tokens = self._table.tokens
+        last = len(tokens) - 1
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            ends = self._table.ends(tokens[last - n + 1 :])
             earlier = [end for end in ends if end != last and end != self.answer_start - 1]
             if earlier:
                 end = first_after(earlier, self._cursor)
@@ -274,10 +268,9 @@ class NgramIndex:
         return NO_MATCH
 
     def _continuation(self, end: int, max_tokens: int) -> tuple[int, ...]:
-        stop = end + 1 + max_tokens
         if end < self.answer_start:
-            stop = min(stop, self.answer_start)
-        return tuple(self._tokens[end + 1 : stop])
+            max_tokens = min(max_tokens, self.answer_start - end - 1)
+        return self._table.following(end, max_tokens)
 
     def take(self, match: NgramMatch) -> None:
         """`match` is being proposed: later lookups prefer occurrences after it."""
@@ -352,20 +345,21 @@ class PredictionIndex:
     MAX_N = 12
 
     def __init__(self, prediction: Sequence[int]) -> None:
-        self.tokens = [int(t) for t in prediction]
-        self._ends: dict[tuple[int, ...], list[int]] = {}
-        for end in range(len(self.tokens)):
-            for n in range(1, min(self.MAX_N, end + 1) + 1):
-                self._ends.setdefault(tuple(self.tokens[end - n + 1 : end + 1]), []).append(end)
+        self._table = NgramTable(range(1, self.MAX_N + 1))
+        self._table.extend(int(t) for t in prediction)
         self._cursor = -1
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._table.tokens
 
     def lookup(self, answer: Sequence[int], max_tokens: int) -> NgramMatch:
         """What the prediction says follows the answer so far. Only looks."""
         for n in range(min(self.MAX_N, len(answer)), 0, -1):
-            ends = self._ends.get(tuple(answer[len(answer) - n :]))
+            ends = self._table.ends(answer[len(answer) - n :])
             if ends:
                 end = first_after(ends, self._cursor)
-                following = tuple(self.tokens[end + 1 : end + 1 + max_tokens])
+                following = self._table.following(end, max_tokens)
                 if following:
                     return NgramMatch(following, n, end)
         return NO_MATCH

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from .backend import common_prefix_length
 from .drafters import NO_MATCH, NgramMatch
+from .ngram import NgramTable
 
 # A lookup keys on the text's last KEY_TOKENS tokens: shorter endings are mostly chance.
 KEY_TOKENS = 4
@@ -28,7 +29,6 @@ CANDIDATES = 32
 # What an index holds by default: the newest documents up to this many tokens (about 4 MB
 # of Python lists and 1 MB on disk per 100k tokens).
 DEFAULT_HISTORY_TOKENS = 200_000
-_SEPARATOR = -1  # between documents: no match or continuation crosses it
 
 
 class HistoryIndex:
@@ -81,46 +81,33 @@ class HistoryIndex:
         (ties: the most recent). `length` is the match length in tokens. Only looks."""
         if len(context) < KEY_TOKENS or max_tokens <= 0:
             return NO_MATCH
-        ends = self._ends.get(tuple(context[-KEY_TOKENS:]))
+        ends = self._table.ends(context[-KEY_TOKENS:])
         if not ends:
             return NO_MATCH
         recent = ends[-CANDIDATES:]
         lengths = [self._match_length(context, end) for end in recent]
         longest = max(lengths)
         best = [end for end, n in zip(recent, lengths, strict=True) if n == longest]
-        following = Counter(self._tokens[end + 1] for end in best)
-        token = max(reversed(best), key=lambda end: following[self._tokens[end + 1]])
-        return NgramMatch(self._continuation(token, max_tokens), longest, token)
+        tokens = self._table.tokens
+        following = Counter(tokens[end + 1] for end in best)
+        token = max(reversed(best), key=lambda end: following[tokens[end + 1]])
+        return NgramMatch(self._table.following(token, max_tokens), longest, token)
 
     def _match_length(self, context: Sequence[int], end: int) -> int:
         n = KEY_TOKENS
         while (
             n < min(LONGEST_MATCH, len(context))
             and end - n >= 0
-            and self._tokens[end - n] == context[-n - 1]
+            and self._table.tokens[end - n] == context[-n - 1]
         ):
             n += 1
         return n
 
-    def _continuation(self, end: int, max_tokens: int) -> tuple[int, ...]:
-        following = []
-        for token in self._tokens[end + 1 : end + 1 + max_tokens]:
-            if token == _SEPARATOR:
-                break
-            following.append(token)
-        return tuple(following)
-
     def _rebuild(self) -> None:
-        self._tokens: list[int] = []
-        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._table = NgramTable(range(KEY_TOKENS, KEY_TOKENS + 1))
         for document in self._documents:
             self._append(document)
 
     def _append(self, document: tuple[int, ...]) -> None:
-        start = len(self._tokens)
-        self._tokens.extend(document)
-        self._tokens.append(_SEPARATOR)  # every document ends in one: a continuation stops
-        for end in range(start + KEY_TOKENS - 1, start + len(document)):
-            self._ends.setdefault(tuple(self._tokens[end - KEY_TOKENS + 1 : end + 1]), []).append(
-                end
-            )
+        self._table.extend(document)
+        self._table.end_document()  # no match or continuation crosses into the next one
