@@ -886,7 +886,7 @@ def worker(
     Clients pass --rpc HOST:PORT. One client at a time; Ctrl-C stops the worker."""
     import signal
 
-    from .models import llama_backend
+    from .models import llama_backend, rpc_devices
 
     with user_errors():
         rpc.check_listen_address(host, port)
@@ -900,7 +900,7 @@ def worker(
                 soft_wrap=True,
             )
         render.stderr_console().print(
-            f"specdec worker on {host}:{port}: {', '.join(llama_backend.worker_device_names())}, "
+            f"specdec worker on {host}:{port}: {', '.join(rpc_devices.worker_device_names())}, "
             f"batch-invariant kernels up to {llama_backend.EXACT_BATCH_ROWS} rows (exact clients "
             "stay exact). Ctrl-C stops it.",
             soft_wrap=True,
@@ -909,7 +909,7 @@ def worker(
             tensor_cache.mkdir(parents=True, exist_ok=True)
         # llama.cpp's server loop never returns to Python: let the signals stop the process
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        llama_backend.serve_worker(host, port, threads, tensor_cache)
+        rpc_devices.serve_worker(host, port, threads, tensor_cache)
 
 
 def main() -> None:

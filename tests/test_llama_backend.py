@@ -15,7 +15,8 @@ from specdec_cli.errors import (
     ModelFileError,
 )
 from specdec_cli.models.compat import check_compatible
-from specdec_cli.models.llama_backend import LlamaBackend, _chunk_bounds, decode_failure
+from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.models.llama_batches import chunk_bounds, decode_failure
 
 
 @pytest.fixture(scope="module")
@@ -194,4 +195,4 @@ def test_vocabulary_size_difference_over_128_is_incompatible(tiny_models, target
     ],
 )
 def test_long_inputs_are_cut_into_equal_chunks(n_tokens, n_last, bounds):
-    assert _chunk_bounds(n_tokens, 512, n_last) == bounds
+    assert chunk_bounds(n_tokens, 512, n_last) == bounds

@@ -276,9 +276,12 @@ def test_speculative_over_rpc_is_the_rpc_target_alones_answer(tiny_models, two_w
 INVARIANCE_OVER_WORKERS = """
 import json, sys
 from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.models.loading import ALL_LAYERS
+from specdec_cli.models.rpc_devices import WORKERS
 from test_invariance import batch_sizes_that_differ
 model, workers, mode = sys.argv[1:]
-backend = LlamaBackend(model, n_ctx=256, exact=mode == "exact", workers=workers.split(","))
+backend = LlamaBackend(model, n_ctx=256, exact=mode == "exact", n_gpu_layers=ALL_LAYERS,
+                       devices=WORKERS.devices(workers.split(",")))
 print(json.dumps(batch_sizes_that_differ(backend)))
 """
 

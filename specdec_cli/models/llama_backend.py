@@ -7,7 +7,6 @@ with `llama_memory_seq_rm`.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import json
@@ -25,12 +24,10 @@ from ..decoding.constraint import Constraint, forced_text
 from ..errors import (
     ChatTemplateError,
     ContextOverflowError,
-    DecodeError,
     ModelFileError,
-    SpecdecError,
 )
 from ..structured import Structure, StructureError, StructureKind
-from . import rpc
+from .llama_batches import aligned_bounds, chunk_bounds, decode_failure
 
 try:
     import llama_cpp
@@ -43,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 _SEQ = 0
+# llama.cpp has one log callback for the whole process, so whether it prints is module state.
 _verbose = False
 
 
@@ -70,171 +68,30 @@ EXACT_BATCH_ROWS = 64
 # Exact mode cuts prompts into chunks of this many tokens at fixed positions (0, 128, ...), so
 # a prompt is computed the same way whatever an earlier request left in the cache.
 PROMPT_CHUNK = 128
-ALL_LAYERS = 999  # n_gpu_layers: every layer on the devices given
 
 
-def _invariance_switch():
-    """ggml_cpu_set_invariant_rows from specdec's llama.cpp patch, or None in a build without
-    it. Looked up through libllama, which loads the CPU backend as a dependency."""
-    try:
-        switch = llama_cpp.llama_cpp._lib.ggml_cpu_set_invariant_rows
-    except AttributeError:
-        return None
-    switch.argtypes, switch.restype = [ctypes.c_int], None
-    return switch
-
-
-_set_invariant_rows = _invariance_switch()
-
-
-def has_invariant_kernels() -> bool:
-    return _set_invariant_rows is not None
-
-
-def rowwise_kernels() -> str:
-    """The instruction set of specdec's row-wise K-quant kernels in this build (patch 0002:
-    exact mode verifies Q4_K/Q6_K weights at a fraction of n one-token decodes), "none" where
-    the build has none for this CPU, or "absent" in a build without the patch."""
-    try:
-        isa = llama_cpp.llama_cpp._lib.ggml_cpu_specdec_rowwise_isa
-    except AttributeError:
-        return "absent"
-    isa.argtypes, isa.restype = [], ctypes.c_char_p
-    return isa().decode()
-
-
-# -- llama.cpp's RPC backend: the target's layers on workers (`specdec worker`) ------------
-
-_CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
-_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
-
-
-def _ggml_function(name: str, argtypes: list, restype):
-    """A ggml function looked up through libllama (which loads ggml's libraries), or None in a
-    build without it (llama.cpp built without GGML_RPC has no ggml_backend_rpc_*)."""
+def native_function(name: str, argtypes: list, restype):
+    """A llama.cpp or ggml function looked up through libllama (which loads ggml's libraries),
+    or None in a build without it (llama.cpp built without GGML_RPC has no
+    ggml_backend_rpc_*, a stock build no ggml_cpu_set_invariant_rows)."""
     function = getattr(llama_cpp.llama_cpp._lib, name, None)
     if function is not None:
         function.argtypes, function.restype = argtypes, restype
     return function
 
 
-_dev_count = _ggml_function("ggml_backend_dev_count", [], ctypes.c_size_t)
-_dev_get = _ggml_function("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
-_dev_type = _ggml_function("ggml_backend_dev_type", [ctypes.c_void_p], ctypes.c_int)
-_dev_description = _ggml_function(
-    "ggml_backend_dev_description", [ctypes.c_void_p], ctypes.c_char_p
-)
-_rpc_add_server = _ggml_function("ggml_backend_rpc_add_server", [ctypes.c_char_p], ctypes.c_void_p)
-_reg_dev_count = _ggml_function("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
-_reg_dev_get = _ggml_function(
-    "ggml_backend_reg_dev_get", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p
-)
-_rpc_start_server = _ggml_function(
-    "ggml_backend_rpc_start_server",
-    [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p],
-    None,
-)
-_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-_set_abort_callback = _ggml_function("ggml_set_abort_callback", [_ABORT_CALLBACK], ctypes.c_void_p)
+# ggml_cpu_set_invariant_rows from specdec's llama.cpp patch, or None in a build without it.
+# ggml makes it one process-wide switch: each decode sets it for its own model.
+_set_invariant_rows = native_function("ggml_cpu_set_invariant_rows", [ctypes.c_int], None)
 
 
-def has_rpc() -> bool:
-    return _rpc_add_server is not None and _rpc_start_server is not None
+def has_invariant_kernels() -> bool:
+    return _set_invariant_rows is not None
 
 
-def _refuse_without_rpc() -> None:
-    if not has_rpc():
-        raise ModelFileError(
-            "this llama.cpp build has no RPC backend.",
-            "Run `make install` (it builds llama.cpp with GGML_RPC=ON).",
-        )
-
-
-def _devices_of_type(types: tuple[int, ...]) -> list[int]:
-    """ggml's registered devices of these types. RPC workers are never registered, so they
-    are not among them."""
-    devices = (_dev_get(i) for i in range(_dev_count()))
-    return [device for device in devices if _dev_type(device) in types]
-
-
-def local_devices() -> list[int]:
-    """This machine's GPUs (none on a CPU-only build: the CPU is always used besides them)."""
-    return _devices_of_type(_GPU_TYPES)
-
-
-def _worker_devices() -> list[int]:
-    """What a worker serves: this machine's GPUs, else its CPU (as llama.cpp's rpc-server)."""
-    return local_devices() or _devices_of_type((_CPU_TYPE,))[:1]
-
-
-_connected_workers: dict[str, list[int]] = {}
-
-
-def worker_devices(endpoints: Sequence[str]) -> list[int]:
-    """The devices of the workers at `endpoints`, in order, each checked first (rpc.py: one
-    line for a worker that is missing, busy or of another protocol, where llama.cpp would
-    abort the process)."""
-    _refuse_without_rpc()
-    _watch_workers(endpoints)
-    devices = []
-    for endpoint in endpoints:
-        if endpoint not in _connected_workers:
-            rpc.check_workers([endpoint])
-            registry = _rpc_add_server(endpoint.encode())
-            count = _reg_dev_count(registry) if registry else 0
-            if not count:
-                raise rpc.WorkerError(f"the worker at {endpoint} offers no device.")
-            _connected_workers[endpoint] = [_reg_dev_get(registry, i) for i in range(count)]
-        devices += _connected_workers[endpoint]
-    return devices
-
-
-_watched_workers: list[str] = []
-
-
-@_ABORT_CALLBACK
-def _on_ggml_abort(message: bytes) -> None:
-    """llama.cpp aborts the process when a worker stops answering (its RPC client has no
-    other way to fail). Name the worker, keep what was printed, and exit 1 instead. Other
-    aborts return here, and ggml aborts as it would have."""
-    text = message.decode("utf-8", errors="replace").strip()
-    gone = rpc.unreachable(_watched_workers)
-    if not gone and "RPC" not in text:
-        return
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-    who = (
-        f"the worker at {', '.join(gone)}"
-        if gone
-        else f"a worker (of {', '.join(_watched_workers)})"
-    )
-    sys.stderr.write(
-        f"\nerror: lost {who} mid-run (llama.cpp: {text.split(': ', 1)[-1]}). What was printed "
-        "before stands; restart the worker and run again.\n"
-    )
-    sys.stderr.flush()
-    os._exit(1)
-
-
-def _watch_workers(endpoints: Sequence[str]) -> None:
-    """From now on, an abort names whichever of these workers was lost (_on_ggml_abort)."""
-    for endpoint in endpoints:
-        if endpoint not in _watched_workers:
-            _watched_workers.append(endpoint)
-    if _set_abort_callback is not None:
-        _set_abort_callback(_on_ggml_abort)
-
-
-def serve_worker(host: str, port: int, threads: int | None, tensor_cache: Path | None) -> None:
-    """Serve this machine's devices over llama.cpp's RPC protocol until the process is
-    stopped; returns only if llama.cpp's server could not start. The caller has checked
-    the address (rpc.check_listen_address) before saying where the worker listens.
-
-    The worker cannot tell a prompt from a draft, so it keeps the batch-invariant kernels for
-    every batch of up to EXACT_BATCH_ROWS rows: a verification then computes each of its
-    tokens as a one-token decode does, and an exact client's answers stay identical across
-    the network. Larger batches (prompt chunks) are cut at fixed positions by the client."""
-    _refuse_without_rpc()
+def keep_invariant_kernels() -> None:
+    """Batch-invariant kernels for every batch of up to EXACT_BATCH_ROWS rows, from now on in
+    this process (an RPC worker, which cannot tell a prompt from a draft)."""
     if _set_invariant_rows is None:
         raise ModelFileError(
             "this llama.cpp build has no batch-invariant kernels, so a worker would make exact "
@@ -242,17 +99,14 @@ def serve_worker(host: str, port: int, threads: int | None, tensor_cache: Path |
             "Run `make install` (it applies specdec's llama.cpp patch).",
         )
     _set_invariant_rows(EXACT_BATCH_ROWS)
-    devices = _worker_devices()
-    array = (ctypes.c_void_p * len(devices))(*devices)
-    cache = str(tensor_cache).encode() if tensor_cache is not None else None
-    _rpc_start_server(
-        f"{host}:{port}".encode(), cache, threads or default_threads(), len(devices), array
-    )
-    raise rpc.WorkerError(f"llama.cpp's RPC server could not serve on {host}:{port}.")
 
 
-def worker_device_names() -> list[str]:
-    return [(_dev_description(device) or b"?").decode() for device in _worker_devices()]
+def rowwise_kernels() -> str:
+    """The instruction set of specdec's row-wise K-quant kernels in this build (patch 0002:
+    exact mode verifies Q4_K/Q6_K weights at a fraction of n one-token decodes), "none" where
+    the build has none for this CPU, or "absent" in a build without the patch."""
+    isa = native_function("ggml_cpu_specdec_rowwise_isa", [], ctypes.c_char_p)
+    return "absent" if isa is None else isa().decode()
 
 
 def default_threads() -> int:
@@ -309,16 +163,14 @@ class LlamaBackend:
         n_gpu_layers: int = 0,
         n_batch: int = 512,
         exact: bool = False,
-        workers: Sequence[str] = (),
+        devices: Sequence[int] | None = None,
         tensor_split: Sequence[float] = (),
-        local_only: bool = False,
     ) -> None:
         """`exact`: decode small batches with batch-invariant kernels, so a token's logits do
         not depend on how many tokens share its decode (needs specdec's llama.cpp patch).
-        `workers`: RPC endpoints (`specdec worker`) that hold the model's layers, all of them
-        unless `n_gpu_layers` says how many, shared as `tensor_split` says. `local_only`: this
-        machine's devices only, even when workers are connected (a drafter beside a target
-        on workers)."""
+        `devices`: the ggml devices that may hold the model's layers (rpc_devices: this
+        machine's, or RPC workers'), all of them unless `n_gpu_layers` says how many, shared
+        as `tensor_split` says; None: every device ggml registered."""
         if exact and _set_invariant_rows is None:
             raise ModelFileError(
                 "this llama.cpp build has no batch-invariant kernels, so exact mode cannot "
@@ -327,10 +179,6 @@ class LlamaBackend:
             )
         self.exact = exact
         self.path = Path(path)
-        devices = worker_devices(workers) if workers else local_devices() if local_only else None
-        if workers and not n_gpu_layers:
-            n_gpu_layers = ALL_LAYERS
-        self.workers = tuple(workers)
         self._model = _load_model(self.path, n_gpu_layers, devices, tensor_split)
         self._refuse_unrollbackable_memory()
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -429,7 +277,7 @@ class LlamaBackend:
         if prompt and self.exact:
             self._decode_prompt_aligned(tokens, n_logit_rows)
         else:
-            bounds = _chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
+            bounds = chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
             for start, stop in zip(bounds, bounds[1:], strict=False):
                 is_last = stop == len(tokens)
                 self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
@@ -455,7 +303,7 @@ class LlamaBackend:
         if start < base:
             tokens = self.cached[start:base] + tokens
             self.truncate(start)
-        bounds = _aligned_bounds(start, start + len(tokens), size, n_logit_rows)
+        bounds = aligned_bounds(start, start + len(tokens), size, n_logit_rows)
         for first, stop in zip(bounds, bounds[1:], strict=False):
             is_last = stop == bounds[-1]
             self._decode_chunk(tokens[first - start : stop - start], n_logit_rows if is_last else 0)
@@ -653,54 +501,8 @@ class LlamaBackend:
         }
 
 
-def _aligned_bounds(start: int, end: int, size: int, n_last: int) -> list[int]:
-    """Chunk bounds from `start` (a multiple of `size`) to `end` at every multiple of `size`
-    between; a last chunk shorter than `n_last` (the rows whose logits are wanted) joins the
-    one before it. Positions only decide the cuts, so a prompt is cut the same way whatever
-    was cached before `start`."""
-    bounds = [start, *range(start + size, end, size), end]
-    if len(bounds) > 2 and bounds[-1] - bounds[-2] < n_last:
-        del bounds[-2]
-    return bounds
-
-
-def _chunk_bounds(n_tokens: int, n_batch: int, n_last: int) -> list[int]:
-    """Cut a long input into chunks of at most n_batch, the last holding at least `n_last`
-    tokens (the rows whose logits are wanted). Equal chunks where they can be: a small
-    chunk is decoded at a poor rate per token."""
-    n_chunks = -(-n_tokens // n_batch)
-    bounds = [n_tokens * i // n_chunks for i in range(n_chunks + 1)]
-    if bounds[-1] - bounds[-2] >= n_last:
-        return bounds
-    first = n_tokens % n_batch or n_batch  # cut from the end: a full last chunk
-    return [0, *range(first, n_tokens + 1, n_batch)]
-
-
-def decode_failure(status: int, position: int, n_ctx: int) -> SpecdecError:
-    """What a non-zero llama_decode status means (llama.h): 1 no KV-cache slot for the batch,
-    2 aborted, -1 an invalid batch, below -1 an error inside llama.cpp."""
-    where = f"at position {position} (context {n_ctx} tokens)"
-    if status == 1:
-        return ContextOverflowError(
-            f"llama.cpp found no room in the KV cache for the batch {where}.",
-            "Raise --ctx-size or shorten the prompt.",
-        )
-    if status == 2:
-        return DecodeError(f"llama.cpp aborted the decode {where}.", "Run it again.")
-    if status == -1:
-        return DecodeError(
-            f"llama.cpp rejected the batch as invalid {where}: a token outside the model's "
-            "vocabulary?",
-            "Without --force, drafters must share the target's vocabulary.",
-        )
-    return DecodeError(
-        f"llama.cpp failed to decode {where} (status {status}).",
-        "Run with --verbose to see llama.cpp's log.",
-    )
-
-
 def _load_model(
-    path: Path, n_gpu_layers: int, devices: list[int] | None, tensor_split: Sequence[float]
+    path: Path, n_gpu_layers: int, devices: Sequence[int] | None, tensor_split: Sequence[float]
 ):
     if not path.is_file():
         raise ModelFileError(

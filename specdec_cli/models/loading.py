@@ -11,6 +11,8 @@ from ..decoding.costs import CostModel
 from ..request import DecodeRequest, HardwareOptions
 from .compat import vocabulary_difference
 
+ALL_LAYERS = 999  # n_gpu_layers: every layer on the devices given (a target on RPC workers)
+
 
 @dataclass
 class ModelPair:
@@ -58,7 +60,7 @@ class ModelLoader(Protocol):
 def load_with_llama_cpp(
     path: Path, *, drafter: bool, n_ctx: int, hardware: HardwareOptions
 ) -> Backend:
-    from . import llama_backend  # imported late: loading llama.cpp takes a moment
+    from . import llama_backend, rpc_devices  # imported late: loading llama.cpp takes a moment
 
     llama_backend.set_verbose(hardware.verbose)
     if drafter:
@@ -67,15 +69,17 @@ def load_with_llama_cpp(
             n_ctx=n_ctx,
             n_threads=hardware.threads,
             n_gpu_layers=hardware.draft_gpu_layers,
-            local_only=bool(hardware.rpc),  # the drafter's passes cost no round trips
+            # beside a target on workers, this machine's devices: a drafter's passes cost
+            # no round trips
+            devices=rpc_devices.local_devices() if hardware.rpc else None,
         )
     return llama_backend.LlamaBackend(
         path,
         n_ctx=n_ctx,
         n_threads=hardware.threads,
-        n_gpu_layers=hardware.gpu_layers,
+        n_gpu_layers=hardware.gpu_layers or (ALL_LAYERS if hardware.rpc else 0),
         exact=hardware.exact,
-        workers=hardware.rpc,
+        devices=rpc_devices.WORKERS.devices(hardware.rpc) if hardware.rpc else None,
         tensor_split=hardware.tensor_split,
     )
 
