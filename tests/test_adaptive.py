@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import numpy as np
 import pytest
@@ -23,7 +22,6 @@ from specdec_cli.decoding.drafters import (
     Draft,
     ModelDrafter,
     NgramDrafter,
-    NgramMatch,
     Outcome,
     ngram_draft,
 )
@@ -234,14 +232,13 @@ def test_a_short_match_drafts_less_than_a_long_one_after_a_long_copy():
         tokens = list(range(31))
         copy = Draft(tokens, [Distribution.point(t) for t in tokens], "ngram", match_length=16)
         drafter.acceptance.learn(copy, n_accepted=31)
-    acceptance = drafter.acceptance
-    plan = partial(drafter._match_plan, first=acceptance.for_ngram, following=acceptance.ngram_next)
-    long_k, short_k = plan(ngram_match(40, 16))[1], plan(ngram_match(40, 2))[1]
-    assert long_k >= 31 and short_k <= 3
-
-
-def ngram_match(n_tokens: int, length: int) -> NgramMatch:
-    return NgramMatch(tuple(range(n_tokens)), length, 0)
+    text = list(range(100, 156))
+    long_match = propose(drafter, [*text, *text[:16]], max_tokens=40)
+    chance_hit = [*range(300, 342), 7, 8, *range(200, 240), 7, 8]  # "7 8" alone matches
+    short_match = propose(drafter, chance_hit, max_tokens=40)
+    assert long_match.source == "ngram" and long_match.match_length >= 16
+    assert short_match.tokens[:1] in ([], [200]) and short_match.match_length <= 2
+    assert len(long_match.tokens) >= 31 and len(short_match.tokens) <= 3
 
 
 def test_expected_tokens_counts_the_targets_own_token_and_each_survivor():

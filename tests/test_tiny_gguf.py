@@ -39,27 +39,23 @@ def test_kquant_blocks_read_back_as_the_weights(quantize, qtype, rms_error):
     assert relative < rms_error
 
 
-def test_the_kquant_target_mixes_q4_K_and_q6_K(tiny_models):
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tiny_models.kquant_target).tensors}
-    assert types["output.weight"] == "Q6_K"
-    assert types["blk.1.ffn_down.weight"] == "Q6_K"
-    assert types["blk.0.ffn_down.weight"] == "Q4_K"
-    assert types["blk.0.attn_q.weight"] == "Q4_K"
+QUANTISED_TARGETS = {  # each tiny target's tensors, in the types its tests count on
+    "kquant_target": {"output.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K",
+                      "blk.0.ffn_down.weight": "Q4_K", "blk.0.attn_q.weight": "Q4_K"},
+    "q5_k_target": {"output.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K",
+                    "blk.0.ffn_down.weight": "Q5_K", "blk.0.attn_q.weight": "Q5_K"},
+    "q8_0_target": {"output.weight": "Q8_0", "blk.1.ffn_down.weight": "Q8_0",
+                    "blk.0.attn_q.weight": "Q8_0", "token_embd.weight": "F32"},
+    "q5_0_target": {"output.weight": "Q5_0", "blk.1.ffn_down.weight": "Q5_0",
+                    "blk.0.attn_q.weight": "Q5_0", "token_embd.weight": "F32"},
+}  # fmt: skip
 
 
-def test_the_q5_k_target_mixes_q5_K_and_q6_K(tiny_models):
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tiny_models.q5_k_target).tensors}
-    assert types["output.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
-    assert types["blk.0.ffn_down.weight"] == types["blk.0.attn_q.weight"] == "Q5_K"
-
-
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
-def test_the_q8_0_and_q5_0_targets_have_their_matrices_in_that_type(tiny_models, qtype):
-    path = getattr(tiny_models, f"{qtype.lower()}_target")
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
-    for name in ("output.weight", "blk.1.ffn_down.weight", "blk.0.attn_q.weight"):
-        assert types[name] == qtype
-    assert types["token_embd.weight"] == "F32"
+@pytest.mark.parametrize("name", QUANTISED_TARGETS)
+def test_each_quantised_target_has_its_matrices_in_its_types(tiny_models, name):
+    reader = gguf.GGUFReader(getattr(tiny_models, name))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert {tensor: types[tensor] for tensor in QUANTISED_TARGETS[name]} == QUANTISED_TARGETS[name]
 
 
 PROMPTS = (
@@ -113,13 +109,9 @@ def greedy_paths(target):
     return paths
 
 
-def test_the_tiny_models_are_small(tmp_path):
+def test_the_models_are_small_and_all_load(tiny_models, tmp_path):
     # How long building them takes is the machine's business (no wall-clock bound here).
-    models = build_tiny_models(tmp_path)
-    assert models.target.stat().st_size < 2_000_000
-
-
-def test_all_models_load(tiny_models):
+    assert build_tiny_models(tmp_path).target.stat().st_size < 2_000_000
     for name, path in vars(tiny_models).items():
         model = load(path)
         assert model.n_vocab() >= len(DEFAULT_VOCAB), name
@@ -127,7 +119,7 @@ def test_all_models_load(tiny_models):
         assert model.n_ctx() == 256
 
 
-def test_vocab_layout(target):
+def test_vocab_layout_and_byte_fallback(target):
     assert target.n_vocab() == len(DEFAULT_VOCAB)
     assert target.detokenize([byte_token_id(0x41)]) == b"A"
     assert target.detokenize([byte_token_id(0xC3)]) == b"\xc3"
@@ -142,9 +134,7 @@ def test_vocab_layout(target):
     assert ids[0] == BOS_ID
     assert len(set(ids)) > 30
     assert target.detokenize(ids[1:]) == b" " + english
-
-
-def test_non_ascii_uses_byte_fallback(target):
+    # Characters outside the vocabulary spelled in bytes.
     text = "héllo wörld 日本"
     ids = target.tokenize(text.encode())
     assert ids[0] == BOS_ID
@@ -156,7 +146,7 @@ def test_non_ascii_uses_byte_fallback(target):
     assert target.detokenize(ids[1:]).decode() == " " + text
 
 
-def test_greedy_generation_is_varied_and_confident(target, greedy_paths):
+def test_greedy_generation_is_varied_confident_and_the_same_batched(target, greedy_paths):
     for _prompt, out, margins in greedy_paths:
         assert len(out) == N_STEPS
         assert len(set(out)) >= 20, out
@@ -166,9 +156,7 @@ def test_greedy_generation_is_varied_and_confident(target, greedy_paths):
     # 20 tokens through the high-level API too.
     text = target(PROMPTS[0].decode(), max_tokens=20, temperature=0.0)["choices"][0]["text"]
     assert len(text.split()) >= 5
-
-
-def test_batched_and_sequential_greedy_agree(target, greedy_paths):
+    # Batched as verification batches them, the same tokens.
     for prompt, out, _ in greedy_paths:
         assert teacher_forced_argmax(target, prompt, out) == out
 
@@ -182,12 +170,11 @@ def agreement(path, greedy_paths) -> float:
     return float(np.mean(hits))
 
 
-def test_close_drafter_agrees_often_not_always(tiny_models, greedy_paths):
+def test_the_close_drafter_agrees_often_not_always_the_unrelated_rarely(
+    tiny_models, greedy_paths
+):
     rate = agreement(tiny_models.close_drafter, greedy_paths)
     assert 0.6 <= rate < 1.0, rate
-
-
-def test_unrelated_drafter_rarely_agrees(tiny_models, greedy_paths):
     assert agreement(tiny_models.unrelated_drafter, greedy_paths) <= 0.2
     assert agreement(tiny_models.gqa_drafter, greedy_paths) <= 0.2
 
