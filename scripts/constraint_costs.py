@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_cli.commands.tool_calls import Function, forced_call
 from specdec_cli.decoding.backend import encode_chat
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.modes import DrafterMode, build_drafter, measure_pair_costs
 from specdec_cli.errors import IncompatibleModelsError
 from specdec_cli.models.compat import check_compatible
 from specdec_cli.models.llama_backend import LlamaBackend
-from specdec_cli.serve.tool_calls import Function, forced_call
 from specdec_cli.structured import Structure
 
 MODELS = Path.home() / ".cache" / "specdec" / "models"

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from . import render
+from .commands.tool_calls import Function, chosen_functions, forced_call, read_tools
 from .decoding.engine import SamplingRule
 from .decoding.history import DEFAULT_HISTORY_TOKENS
 from .decoding.modes import DrafterMode, default_draft_max
@@ -391,6 +392,47 @@ def read_structure(json_schema: Path | None, grammar: Path | None) -> Structure 
     return Structure.grammar(text)
 
 
+def read_tools_option(path: Path | None, choice: str, raw: bool) -> list[Function]:
+    """--tools, read and checked, and --tool-choice checked against it."""
+    if path is None:
+        if choice != "auto":
+            raise BadUsageError("--tool-choice chooses among --tools.", "Add --tools FILE.")
+        return []
+    if raw:
+        raise BadUsageError(
+            "--tools are rendered by the chat template, which --raw leaves out.", "Drop one."
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise StructureError(f"--tools: cannot read {path} ({reason}).") from None
+    functions = read_tools(text, f"--tools {path}")
+    names = [f.name for f in functions]
+    if choice not in ("auto", "none", "required", *names):
+        raise BadUsageError(
+            f"--tool-choice {choice} is none of auto, none, required or a tool in {path}.",
+            f"Tools there: {', '.join(names)}.",
+        )
+    return functions
+
+
+def forced_tool_call(
+    functions: list[Function], choice: str, structure: Structure | None
+) -> Structure | None:
+    """The grammar of a call that must be made (--tool-choice required or a name)."""
+    forced = chosen_functions(functions, choice)
+    if not forced:
+        return structure
+    if structure is not None:
+        raise BadUsageError(
+            f"--tool-choice {choice} and --{structure.kind.value.replace('_', '-')} both "
+            "constrain the answer.",
+            "Give one.",
+        )
+    return forced_call(forced)
+
+
 def hardware_options(arguments: Mapping[str, Any]) -> HardwareOptions:
     """--ctx-size, --threads, the GPU layers, --verbose, --exact, --rpc and --tensor-split,
     from a command's arguments by their names (its `locals()`), checked."""
@@ -475,6 +517,22 @@ def run(
         Path | None,
         typer.Option("--grammar", help="A GBNF grammar file (llama.cpp's): the answer follows it."),
     ] = None,
+    tools: Annotated[
+        Path | None,
+        typer.Option(
+            "--tools",
+            help="A JSON file of OpenAI-style tools the model may call; each call it makes is "
+            'printed as a JSON line {"name": ..., "arguments": {...}} after any text.',
+        ),
+    ] = None,
+    tool_choice: Annotated[
+        str,
+        typer.Option(
+            "--tool-choice",
+            help="auto (the model decides), required (it must call one), none, or a tool's "
+            "name (it must call that one): a forced call matches the tool's parameters.",
+        ),
+    ] = "auto",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON record.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -486,7 +544,9 @@ def run(
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
         hardware = shared.hardware()
+        functions = read_tools_option(tools, tool_choice, raw)
         structure = read_structure(json_schema, grammar)
+        structure = forced_tool_call(functions, tool_choice, structure)
         prediction = read_predict_option(predict, prompt)
         text = read_prompt(prompt, stdin_taken=predict == "-")
         target_path, draft_path = resolve_models(
@@ -494,7 +554,8 @@ def run(
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
         decode = replace(decode, structure=structure)
-        request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache)
+        offered = tuple(functions) if tool_choice != "none" else ()
+        request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache, offered)
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)
 

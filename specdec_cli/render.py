@@ -34,10 +34,13 @@ class AnswerStream:
         self._ends_with_newline = True
 
     def write(self, piece: Piece) -> None:
-        if piece.text:
-            self._stream.write(piece.text)
+        self.write_text(piece.text)
+
+    def write_text(self, text: str) -> None:
+        if text:
+            self._stream.write(text)
             self._stream.flush()
-            self._ends_with_newline = piece.text.endswith("\n")
+            self._ends_with_newline = text.endswith("\n")
 
     def finish_line(self) -> None:
         if not self._ends_with_newline:

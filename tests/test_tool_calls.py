@@ -1,18 +1,29 @@
-"""Tool calls over `specdec serve`: the model's own template renders the tools, what it
-writes between <tool_call> tags becomes OpenAI's tool_calls, and a call that must be made
-is forced by a grammar built from the functions' parameter schemas."""
+"""Tool calls over `specdec serve` and `specdec run --tools`: the model's own template
+renders the tools, what it writes between <tool_call> tags becomes OpenAI's tool_calls (run:
+one JSON line per call), and a call that must be made is forced by a grammar built from the
+functions' parameter schemas."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
+from click.testing import Result
 from test_server import KEY, ServerProcess, http
 from tiny_gguf import TARGET_SEED, write_tiny_llama
+from typer.testing import CliRunner
 
+from specdec_cli.cli import app
+from specdec_cli.commands.tool_calls import (
+    HeldText,
+    read_tools,
+    split_calls,
+    template_speaks_tools,
+)
 from specdec_cli.serve.serve_protocol import ApiError, ChatCompletionRequest
-from specdec_cli.serve.tool_calls import HeldText, split_calls, template_speaks_tools
+from specdec_cli.structured import StructureError
 
 # A Hermes-style template of this test's own: the tools in the system turn, earlier calls
 # between the tags, a tool's answer as a `tool` turn.
@@ -45,14 +56,18 @@ ASK = [{"role": "user", "content": "the cat sat on"}]
 
 
 @pytest.fixture(scope="module")
-def tool_server(tiny_models, tmp_path_factory):
+def tools_target(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tools")
-    target = write_tiny_llama(folder / "tools_target.gguf", seed=TARGET_SEED,
-                              chat_template=TOOLS_TEMPLATE, name="tiny-tools")  # fmt: skip
+    return write_tiny_llama(folder / "tools_target.gguf", seed=TARGET_SEED,
+                            chat_template=TOOLS_TEMPLATE, name="tiny-tools")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_models, tools_target):
     process = ServerProcess(
-        *("--target", str(target), "--draft", str(tiny_models.close_drafter)),
+        *("--target", str(tools_target), "--draft", str(tiny_models.close_drafter)),
         *("--drafter", "fixed", "--threads", "1", "--api-key", KEY),
-        home=folder / "home",
+        home=tools_target.parent / "home",
     )
     yield process
     assert process.stop() == 0, "\n".join(process.lines)
@@ -129,6 +144,108 @@ def test_without_tools_in_its_template_a_model_refuses_them(tool_server, tiny_mo
         assert http(plain, "POST", "/v1/chat/completions", key=None, json=plain_body).is_success
     finally:
         assert plain.stop() == 0
+
+
+# ---- specdec run --tools ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tools_file(tools_target):
+    path = tools_target.parent / "tools.json"
+    path.write_text(json.dumps(TOOLS))
+    return path
+
+
+def run_tools(tiny_models, target, tools_file, *extra: str) -> Result:
+    """`specdec run` with the server's drafting, or alone where `extra` says --no-draft."""
+    drafting = ("--draft", str(tiny_models.close_drafter), "--drafter", "fixed")
+    args = ["run", ASK[0]["content"], "--target", str(target), "--tools", str(tools_file)]
+    alone = "--no-draft" in extra
+    return CliRunner().invoke(app, [*args, *(() if alone else drafting), "--threads", "1",
+                                    "-n", "300", *extra])  # fmt: skip
+
+
+def test_run_prints_a_forced_call_as_one_json_line_the_call_serve_makes(
+    tiny_models, tools_target, tools_file, client
+):
+    printed = run_tools(tiny_models, tools_target, tools_file, "--tool-choice", "required")
+    assert printed.exit_code == 0, printed.output
+    line = json.loads(printed.stdout)  # the whole of stdout: one call, nothing else
+    served = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, max_tokens=300,
+                                            tool_choice="required", temperature=0)  # fmt: skip
+    call = served.choices[0].message.tool_calls[0].function
+    assert matches(line["name"], line["arguments"])
+    assert (line["name"], line["arguments"]) == (call.name, json.loads(call.arguments))
+
+
+def test_run_json_gives_the_calls_in_openai_shape_and_the_target_alones_tokens(
+    tiny_models, tools_target, tools_file
+):
+    record = json.loads(run_tools(tiny_models, tools_target, tools_file, "--json",
+                                  "--tool-choice", "search").stdout)  # fmt: skip
+    alone = json.loads(run_tools(tiny_models, tools_target, tools_file, "--json",
+                                 "--tool-choice", "search", "--no-draft").stdout)  # fmt: skip
+    assert record["finish_reason"] == "tool_calls" and record["text"] == ""
+    [call] = record["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "search"
+    assert matches("search", json.loads(call["function"]["arguments"]))
+    assert record["tokens"] == alone["tokens"] and record["stats"]["drafted"] > 0
+    assert record["settings"]["tools"] == ["weather", "search"]
+
+
+def test_run_with_tools_it_does_not_call_prints_its_answer_as_text(
+    tiny_models, tools_target, tools_file
+):
+    printed = run_tools(tiny_models, tools_target, tools_file, "-n", "24")
+    as_json = run_tools(tiny_models, tools_target, tools_file, "-n", "24", "--json")
+    record = json.loads(as_json.stdout)
+    assert record["tool_calls"] == [] and record["finish_reason"] == "length"
+    assert printed.stdout == record["text"] + "\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "says"),
+    [
+        (["--tool-choice", "nope"], 2, "--tool-choice nope is none of"),
+        (["--raw"], 2, "--raw leaves out"),
+        (["--tool-choice", "required", "--grammar", "GRAMMAR"], 2, "both constrain"),
+    ],
+)
+def test_run_refuses_tool_options_that_contradict(tiny_models, tools_target, tools_file, extra,
+                                                  code, says):  # fmt: skip
+    grammar = tools_file.parent / "yes.gbnf"
+    grammar.write_text('root ::= "yes"')
+    extra = [str(grammar) if part == "GRAMMAR" else part for part in extra]
+    refused = run_tools(tiny_models, tools_target, tools_file, *extra)
+    assert refused.exit_code == code and says in refused.stderr, refused.output
+
+
+def test_run_refuses_tools_a_template_cannot_express(tiny_models, tools_file):
+    refused = run_tools(tiny_models, tiny_models.target, tools_file)
+    assert refused.exit_code == 1 and "cannot express tools" in refused.stderr
+    assert refused.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{oops", "is not JSON"),
+        ("[]", "non-empty JSON list"),
+        ('[{"type": "function", "function": {"description": "x"}}]', "tool 0 has no name"),
+        (json.dumps([TOOLS[0], TOOLS[0]]), "two tools have the same name"),
+        (json.dumps([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"n": {"type": "number", "minimum": 1}}}}}]),
+         "tool 0 (f) parameters.properties.n: the JSON-schema keyword 'minimum'"),
+    ],
+)  # fmt: skip
+def test_a_tools_file_that_cannot_be_used_says_what_is_wrong(text, says):
+    with pytest.raises(StructureError, match=re.escape(says)):
+        read_tools(text, "--tools t.json")
+
+
+def test_the_tools_file_is_what_serve_takes():
+    functions = read_tools(json.dumps(TOOLS), "t")
+    assert [f.template_entry() for f in functions] == chat().template_tools()
 
 
 # ---- the protocol and the parsing (no model) --------------------------------------------------

@@ -13,11 +13,14 @@ def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": user_text}]
 
 
-def prompt_tokens(target: Backend, text: str, *, system: str | None, raw: bool) -> list[int]:
-    """Raw text as-is (with the model's BOS), or the user message through the chat template."""
+def prompt_tokens(
+    target: Backend, text: str, *, system: str | None, raw: bool, tools: list[dict] | None = None
+) -> list[int]:
+    """Raw text as-is (with the model's BOS), or the user message through the chat template
+    (with the `tools` the answer may call, in OpenAI's shape)."""
     if raw:
         return target.tokenize(text, add_special=True)
-    return encode_chat(target, chat_messages(text, system))
+    return encode_chat(target, chat_messages(text, system), tools)
 
 
 def read_prediction(path: Path) -> str:

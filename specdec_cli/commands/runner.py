@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,17 +15,19 @@ from .. import render
 from ..decoding.comparison import Comparison, compare_outputs
 from ..decoding.costs import CostModel
 from ..decoding.drafters import Drafter
-from ..decoding.engine import Finished, Generation
+from ..decoding.engine import Finished, Generation, Piece
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
 from ..errors import EXIT_INTERRUPTED
 from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..request import DecodeRequest
+from ..structured import StructureError
 from .drafting import load_history
 from .history_file import HistoryFile
 from .lifecycle import loaded_pair
 from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
 from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
+from .tool_calls import Function, HeldText, ToolCall, split_calls, template_speaks_tools
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,9 +44,38 @@ class RunRequest:
     prediction: str | None = None  # --predict: text the answer is expected to mostly repeat
     history: Path | None = None  # --history: a folder of earlier prompts and answers
     prompt_cache: Path | None = None  # --prompt-cache: a folder of saved KV states
+    tools: tuple[Function, ...] = ()  # --tools, offered to the model (none: --tool-choice none)
 
     def settings_record(self) -> dict:
-        return {**self.decode.record(), "raw": self.raw, "predicted": self.prediction is not None}
+        record = {**self.decode.record(), "raw": self.raw, "predicted": self.prediction is not None}
+        return record | ({"tools": [f.name for f in self.tools]} if self.tools else {})
+
+    def template_tools(self) -> list[dict] | None:
+        return [f.template_entry() for f in self.tools] or None
+
+
+@dataclass
+class _ToolAnswer:
+    """--tools: content streams while held back from where a call may begin; at the end the
+    calls are split out of the answer."""
+
+    names: list[str]
+    held: HeldText = field(default_factory=HeldText)
+
+    def writer(self, answer: render.AnswerStream) -> Callable[[Piece], None]:
+        return lambda piece: answer.write_text(self.held.feed(piece.text))
+
+    def finish(self, answer: render.AnswerStream) -> None:
+        """What was held, as content, then each call as one JSON line."""
+        rest, calls = split_calls(self.held.held, self.names)
+        answer.write_text(rest)
+        answer.finish_line()
+        for call in calls:
+            arguments = json.loads(call.arguments)
+            answer.write_text(json.dumps({"name": call.name, "arguments": arguments}) + "\n")
+
+    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+        return split_calls(text, self.names)
 
 
 def run_once(
@@ -54,8 +87,13 @@ def run_once(
         with err.status("loading models…", spinner="dots") if show_progress else nullcontext():
             loaded = lifetime.enter_context(loaded_pair(request.decode, loader))
             pair = loaded.pair
+            _check_template_speaks_tools(request, pair)
             prompt = prompt_tokens(
-                pair.target, request.prompt, system=request.decode.system, raw=request.raw
+                pair.target,
+                request.prompt,
+                system=request.decode.system,
+                raw=request.raw,
+                tools=request.template_tools(),
             )
             drafter = loaded.prepare(len(prompt) + request.decode.max_tokens)
             memory = _Memory.open(request, pair, drafter, err)
@@ -66,7 +104,8 @@ def run_once(
         settings = replace(request.decode.generation_settings(), prediction=predicted)
         generation = Generation(pair.target, prompt, settings, drafter=drafter)
         answer = None if json_output else render.AnswerStream(sys.stdout)
-        finished, interrupted = _consume(generation, answer)
+        tools = _ToolAnswer([f.name for f in request.tools]) if request.tools else None
+        finished, interrupted = _consume(generation, _writer(answer, tools))
         if not interrupted:
             memory.keep(pair, prompt, finished, err)
         # Interrupted: no --verify pass, there is no whole answer to compare.
@@ -74,7 +113,9 @@ def run_once(
         if request.verify and not interrupted:
             check = _check(pair, prompt, request, finished)
         costs = loaded.costs
-    _report(request, finished, check, costs, memory, answer, interrupted, err)
+    if tools is not None and answer is not None:
+        tools.finish(answer)
+    _report(request, finished, check, costs, memory, answer, interrupted, err, tools)
     return EXIT_INTERRUPTED if interrupted or (request.verify and check is None) else EXIT_OK
 
 
@@ -87,9 +128,11 @@ def _report(
     answer: render.AnswerStream | None,
     interrupted: bool,
     err: Console,
+    tools: _ToolAnswer | None,
 ) -> None:
     if answer is None:
-        render.print_json(sys.stdout, _record(request, finished, check, costs, memory))
+        record = _record(request, finished, check, costs, memory)
+        render.print_json(sys.stdout, record | _tool_record(tools, finished))
         return
     answer.finish_line()
     if interrupted:
@@ -185,10 +228,39 @@ class Check:
         )
 
 
-def _consume(generation: Generation, answer: render.AnswerStream | None) -> tuple[Finished, bool]:
+def _check_template_speaks_tools(request: RunRequest, pair: ModelPair) -> None:
+    if request.tools and not template_speaks_tools(pair.target.chat_template()):
+        raise StructureError(
+            f"the chat template of {request.decode.target.name} cannot express tools.",
+            "Use a target whose template renders tools and <tool_call> tags (Qwen2.5's does), "
+            "or leave out --tools.",
+        )
+
+
+def _writer(
+    answer: render.AnswerStream | None, tools: _ToolAnswer | None
+) -> Callable[[Piece], None] | None:
+    if answer is None:
+        return None
+    return tools.writer(answer) if tools is not None else answer.write
+
+
+def _tool_record(tools: _ToolAnswer | None, finished: Finished) -> dict:
+    """--tools in the JSON record: the content outside the calls, the calls in OpenAI's
+    shape, and finish_reason "tool_calls" when there are any."""
+    if tools is None:
+        return {}
+    content, calls = tools.split(finished.text)
+    record: dict = {"text": content, "tool_calls": [call.as_dict() for call in calls]}
+    return record | ({"finish_reason": "tool_calls"} if calls else {})
+
+
+def _consume(
+    generation: Generation, write: Callable[[Piece], None] | None
+) -> tuple[Finished, bool]:
     """Run to the end, streaming pieces; Ctrl-C keeps what was produced."""
     try:
-        return generation.run(answer.write if answer is not None else None), False
+        return generation.run(write), False
     except KeyboardInterrupt:
         return generation.interrupted(), True
 

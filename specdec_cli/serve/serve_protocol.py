@@ -23,9 +23,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..commands import tool_calls
 from ..decoding.engine import Finished, GenerationStats
 from ..structured import Structure, StructureError
-from . import tool_calls
 
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1

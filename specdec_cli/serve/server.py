@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import render
 from ..commands.lifecycle import loaded_pair
+from ..commands.tool_calls import template_speaks_tools
 from ..decoding.drafters import Drafter
 from ..decoding.engine import GenerationSettings
 from ..decoding.history import DEFAULT_HISTORY_TOKENS
@@ -57,7 +58,6 @@ from .serve_protocol import (
     model_card,
     parse_request,
 )
-from .tool_calls import template_speaks_tools
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVE_CONTEXT = 8192  # without --ctx-size: room for an editor's file and a long answer

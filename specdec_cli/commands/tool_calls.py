@@ -8,7 +8,8 @@ The tools are rendered by the model's own chat template (it takes `tools`); what
 writes is split here into content and OpenAI's `tool_calls`; a call that must be made
 (`tool_choice` "required" or a named function) is a JSON schema between the two tags, so
 the grammar makes the model write one that parses and matches the function's parameters.
-Pure: no HTTP and no models.
+Pure: no HTTP and no models. Shared by `specdec serve` (OpenAI's tools) and `specdec run
+--tools FILE`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..decoding.engine import partial_match
-from ..structured import Structure
+from ..structured import Structure, StructureError, check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
@@ -56,6 +57,55 @@ class Function:
             "properties": {"name": {"const": self.name}, "arguments": self.parameters},
             "required": ["name", "arguments"],
         }
+
+
+def read_tools(text: str, where: str) -> list[Function]:
+    """A tools file for `run --tools`: OpenAI's `tools` list as JSON, each function's
+    parameters a schema the grammar supports (the same check as serve's)."""
+    try:
+        entries = json.loads(text)
+    except ValueError as error:
+        raise StructureError(f"{where} is not JSON ({error}).", _TOOLS_SHAPE) from None
+    if not isinstance(entries, list) or not entries:
+        raise StructureError(f"{where} must be a non-empty JSON list of tools.", _TOOLS_SHAPE)
+    functions = [_function(entry, f"{where}: tool {i}") for i, entry in enumerate(entries)]
+    names = [f.name for f in functions]
+    if len(set(names)) < len(names):
+        raise StructureError(f"{where}: two tools have the same name.", "Name each tool once.")
+    return functions
+
+
+_TOOLS_SHAPE = (
+    'Give a list such as [{"type": "function", "function": {"name": ..., "parameters": {...}}}].'
+)
+
+
+def _function(entry: object, where: str) -> Function:
+    function = entry.get("function") if isinstance(entry, dict) else None
+    is_function = isinstance(entry, dict) and entry.get("type") == "function"
+    if not is_function or not isinstance(function, dict):
+        raise StructureError(f"{where} is not a function tool.", _TOOLS_SHAPE)
+    name, description = function.get("name"), function.get("description")
+    if not isinstance(name, str) or not name:
+        raise StructureError(f"{where} has no name.", _TOOLS_SHAPE)
+    if description is not None and not isinstance(description, str):
+        raise StructureError(f"{where}: the description must be text.", _TOOLS_SHAPE)
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise StructureError(f"{where} ({name}): parameters must be a JSON schema object.")
+    if parameters is not None:  # the keywords the grammar cannot honour, named with their place
+        check_schema(parameters, f"{where} ({name}) parameters")
+    return Function.of(name, description, parameters)
+
+
+def chosen_functions(functions: Sequence[Function], choice: str) -> list[Function]:
+    """The functions one of which must be called under `choice` ("required": any, a name:
+    that one; "auto" and "none": none forced)."""
+    if choice == "required":
+        return list(functions)
+    if choice in ("auto", "none"):
+        return []
+    return [f for f in functions if f.name == choice]
 
 
 def forced_call(functions: Sequence[Function]) -> Structure:
