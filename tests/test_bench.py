@@ -376,6 +376,7 @@ def test_prompt_that_never_fits_is_an_error_before_measuring(tiny_models, tmp_pa
     assert report.exit_code == ContextOverflowError.exit_code and not report.runs
 
 
+@pytest.mark.slow  # a whole bench on the tiny models (make test-fast: a third of make test)
 def test_extra_drafters_and_modes_run_in_the_same_bench(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     prompts = write(tmp_path, "prompts.yaml", PROMPTS_YAML)
@@ -413,6 +414,7 @@ def test_an_exact_bench_shows_the_decode_costs_of_both_kernels(tiny_models, tmp_
     assert "llama.cpp's kernels: decode costs, ms by tokens" in result.output
 
 
+@pytest.mark.slow  # a whole bench on the tiny models (make test-fast: a third of make test)
 def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny_models, tmp_path):
     prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:2]
     request = bench.BenchRequest(
@@ -434,6 +436,7 @@ def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny
         assert row["output"]["identical_repeats"] == row["output"]["repeats_compared"] == 2
 
 
+@pytest.mark.slow  # a whole bench on the tiny models (make test-fast: a third of make test)
 def test_exact_bench_measures_the_cost_of_exactness_and_checks_against_it(tiny_models, tmp_path):
     prompts = write(tmp_path, "prompts.yaml", PROMPTS_YAML)
     out = tmp_path / "bench.json"

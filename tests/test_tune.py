@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -10,6 +11,7 @@ from specdec_cli.models.registry import load_registry
 from specdec_cli.models.resolve import resolve_model
 
 
+@pytest.mark.slow  # requantises and measures a drafter (make test-fast: a third of make test)
 def test_optimize_drafter_builds_measures_and_records(tiny_models, tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("SPECDEC_HOME", str(home))
