@@ -374,6 +374,15 @@ class SharedOptions:
         )
 
 
+def read_structure_file(path: Path, option: str) -> str:
+    """The text of a --json-schema, --grammar or --tools file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise StructureError(f"{option}: cannot read {path} ({reason}).") from None
+
+
 def read_structure(json_schema: Path | None, grammar: Path | None) -> Structure | None:
     """--json-schema or --grammar, read and checked (one of them at most)."""
     if json_schema is not None and grammar is not None:
@@ -382,11 +391,7 @@ def read_structure(json_schema: Path | None, grammar: Path | None) -> Structure 
     if path is None:
         return None
     option = "--json-schema" if json_schema is not None else "--grammar"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise StructureError(f"{option}: cannot read {path} ({reason}).") from None
+    text = read_structure_file(path, option)
     if json_schema is not None:
         return parse_json_schema(text, f"{option} {path}")
     return Structure.grammar(text)
@@ -402,12 +407,7 @@ def read_tools_option(path: Path | None, choice: str, raw: bool) -> list[Functio
         raise BadUsageError(
             "--tools are rendered by the chat template, which --raw leaves out.", "Drop one."
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise StructureError(f"--tools: cannot read {path} ({reason}).") from None
-    functions = read_tools(text, f"--tools {path}")
+    functions = read_tools(read_structure_file(path, "--tools"), f"--tools {path}")
     names = [f.name for f in functions]
     if choice not in ("auto", "none", "required", *names):
         raise BadUsageError(
