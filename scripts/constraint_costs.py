@@ -103,9 +103,9 @@ class TimedConstraint:
         self.clock["seconds"] += time.perf_counter() - began
         return twin
 
-    def forced_tokens(self):
+    def forced_tokens(self, written=""):
         began = time.perf_counter()
-        tokens = self.inner.forced_tokens()
+        tokens = self.inner.forced_tokens(written)
         self.clock["seconds"] += time.perf_counter() - began
         return tokens
 

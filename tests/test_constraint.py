@@ -16,10 +16,13 @@ from fakes import (
     table_model,
 )
 
+from specdec_cli.decoding import constraint
 from specdec_cli.decoding.constraint import (
     NoTokenAllowed,
     allowed_best,
     allowed_prefix,
+    forced_text,
+    layout_guess,
     masked_distribution,
 )
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round, SamplingRule
@@ -194,3 +197,98 @@ def test_forced_text_is_drafted_for_free_and_leaves_the_answer_as_it_was():
     assert drafted.stats.draft_sources["forced"] > 0
     _, plain = answer(target(), settings)  # the target alone drafts nothing, forced or not
     assert all(r.drafted == 0 for r in plain)
+
+
+# ---- forced text, and the layout the grammar leaves free -----------------------------------
+
+
+class PrefixConstraint:
+    """A constraint over single characters: the text must stay a prefix of one of `texts`
+    (a schema's JSON with its spacing left free, written out), then end (`end`)."""
+
+    def __init__(self, texts: list[str], characters: dict[int, str], end: int = -1) -> None:
+        self.texts, self.characters, self.end, self.text = texts, characters, end, ""
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        return np.array([self._allows(int(i)) for i in ids])
+
+    def _allows(self, token: int) -> bool:
+        if token == self.end:
+            return self.text in self.texts
+        return any(t.startswith(self.text + self.characters[token]) for t in self.texts)
+
+    def accept(self, token: int) -> None:
+        self.text += self.characters.get(token, "")
+
+    def copy(self) -> PrefixConstraint:
+        twin = PrefixConstraint(self.texts, self.characters, self.end)
+        twin.text = self.text
+        return twin
+
+    def forced_tokens(self, written: str = "") -> list[int]:
+        ids = {c: i for i, c in self.characters.items()}
+        return [ids[c] for c in forced_text(self, self.characters, written)][:-1]
+
+
+CHARACTERS = dict(enumerate(' \n{}":,abxyz0123'))
+# {"a": 1, "b": 2} with a space, a newline and two spaces, or nothing after each ':' and ','
+SPACES = ("", " ", "\n  ")
+OBJECTS = [
+    f'{{"a":{s1}1,{s2}"b":{s3}2}}' for s1 in SPACES for s2 in SPACES for s3 in SPACES
+]  # fmt: skip
+
+
+def test_forced_text_stops_where_the_layout_is_free_unless_the_text_so_far_lays_it_out():
+    walker = PrefixConstraint(OBJECTS, CHARACTERS)
+    assert forced_text(walker, CHARACTERS) == '{"a":'  # then a space, a newline or the value
+    assert walker.text == ""  # asked on a copy
+    compact = '{"x":9,"y":8}\n'
+    assert forced_text(walker, CHARACTERS, compact) == '{"a":1,"b":2}'
+    spaced = '{"x": 9, "y": 8}\n'
+    assert forced_text(walker, CHARACTERS, spaced) == '{"a": 1, "b": 2}'
+    indented = '{"x":\n  9,\n  "y":\n  8}\n'
+    assert forced_text(walker, CHARACTERS, indented) == '{"a":\n  1,\n  "b":\n  2}'
+
+
+def test_the_layout_guess_follows_the_most_recent_layout_and_never_chooses_content():
+    assert layout_guess(' "', 'one: "x", two: "y", three:') == " "  # after ':' came ' '
+    assert layout_guess(' "', 'old: "x", new:"y", three:') == '"'  # the most recent one
+    assert layout_guess(" 1", "a: 1, b:") == " "
+    assert layout_guess(" 1", "a:1, b:") == "1"  # no space came: the one other option
+    assert layout_guess("12", "a: 1, b: 2, c: ") is None  # the value is free, not the layout
+    assert layout_guess(' "', "a:\tb, c:") is None  # what came last time is not an option
+    assert layout_guess(' "', "no colon before, c:") is None  # nothing to go by
+    assert layout_guess(' "', "") is None
+
+
+def test_forced_drafts_lay_out_the_free_spacing_as_the_prompt_and_answer_do(monkeypatch):
+    # The target writes two objects spaced as the prompt's example is; the grammar leaves
+    # the spacing free. Laid out as the text so far, forced drafts run through it.
+    answer_text = '{"a": 1, "b": 2}'
+    end = len(CHARACTERS)
+    pieces = {i: c.encode() for i, c in CHARACTERS.items()} | {end: b""}
+    prompt_text = 'xyz {"x": 3, "y": 0}:'
+    ids = {c: i for i, c in CHARACTERS.items()}
+
+    def writes_the_answer(prefix):
+        written = len(prefix) - len(prompt_text)
+        row = np.zeros(end + 1)
+        row[ids[answer_text[written]] if written < len(answer_text) else end] = 10.0
+        return row
+
+    def forced_only(layout):
+        monkeypatch.setattr(constraint, "layout_guess", layout)
+        target = FakeBackend(
+            writes_the_answer, end + 1, end_of_generation={end}, pieces=pieces,
+            constraints=lambda _s: PrefixConstraint(OBJECTS, CHARACTERS, end),
+        )  # fmt: skip
+        prompt = [ids[c] for c in prompt_text]
+        settings = GenerationSettings(max_tokens=40, draft_max=16, sampling=GREEDY, structure=ANY)
+        events = list(Generation(target, prompt, settings, FixedDrafter([])).events())
+        forced = [e for e in events if isinstance(e, Round) and str(e.source) == "forced"]
+        return events[-1].text, sum(r.accepted for r in forced)
+
+    laid_out = forced_only(layout_guess)
+    unguessed = forced_only(lambda _options, _text: None)
+    assert laid_out[0] == unguessed[0] == answer_text  # the same answer either way
+    assert laid_out[1] >= unguessed[1] + 4, (laid_out, unguessed)  # the spaces, and more

@@ -28,6 +28,12 @@ ASK_SLICES = (1, 16, 256, 4096)
 # the spaces the grammar leaves free cutting it), and each costs a query of the printable
 # characters (~90 us with llama.cpp's grammar over Qwen2.5's vocabulary, AVX2 EPYC).
 FORCED_MAX_CHARS = 48
+# Where the grammar leaves only the layout free (whitespace, or one other character: JSON's
+# `space` rule between tokens), the forced text goes on as the answer (and the prompt) laid
+# out the same few characters last time: the character after the most recent earlier
+# occurrence of the text's last LAYOUT_CONTEXT characters, or of fewer where those never
+# occurred. Without it a schema's forced drafts end at every optional space, one key long.
+LAYOUT_CONTEXT = 8
 
 
 class Constraint(Protocol):
@@ -44,8 +50,9 @@ class Constraint(Protocol):
 
     def copy(self) -> Constraint: ...
 
-    def forced_tokens(self) -> list[int]:
-        """Target tokens spelling text the constraint forces next (see forced_text), the
+    def forced_tokens(self, written: str = "") -> list[int]:
+        """Target tokens spelling text the constraint forces next (see forced_text; where
+        only the layout is free, laid out as `written`, the text so far, lays it out), the
         last of them left out: the target may write it merged with what follows (`":`
         where the grammar forces `"`)."""
         ...
@@ -158,19 +165,45 @@ def allowed_prefix(draft: Sequence[int], constraint: Constraint) -> int:
     return len(draft)
 
 
-def forced_text(constraint: Constraint, characters: Mapping[int, str]) -> str:
+def forced_text(constraint: Constraint, characters: Mapping[int, str], written: str = "") -> str:
     """The text the constraint allows alone from here: while exactly one of the
-    single-character tokens `characters` (id: its character) is allowed, that character
-    (at most FORCED_MAX_CHARS). Asked on a copy. A grammar that also allows a longer token
-    or a character outside `characters` there only makes this a guess, which the target
-    verifies like any draft."""
+    single-character tokens `characters` (id: its character) is allowed, that character;
+    where only the layout is free, the character `written` (the text so far) suggests
+    (layout_guess); at most FORCED_MAX_CHARS. Asked on a copy. A grammar that also allows a
+    longer token or a character outside `characters` there only makes this a guess, which
+    the target verifies like any draft."""
     walker = constraint.copy()
     ids = np.fromiter(characters, dtype=np.int32, count=len(characters))
     text = ""
     while len(text) < FORCED_MAX_CHARS:
         allowed = ids[walker.allowed(ids)]
-        if len(allowed) != 1:
-            break
-        text += characters[int(allowed[0])]
-        walker.accept(int(allowed[0]))
+        if len(allowed) == 1:
+            token = int(allowed[0])
+        else:
+            options = {characters[int(i)]: int(i) for i in allowed}
+            guess = layout_guess("".join(options), written + text)
+            if guess is None:
+                break
+            token = options[guess]
+        text += characters[token]
+        walker.accept(token)
     return text
+
+
+def layout_guess(options: str, text: str) -> str | None:
+    """Which of `options` comes next, where they are all whitespace but at most one other
+    character: as after the most recent earlier occurrence of `text`'s last characters
+    (LAYOUT_CONTEXT, or fewer where those never occurred), the whitespace that followed it,
+    or where no whitespace did, the one other option. None where more than the layout is
+    free, where `text` says nothing, or where what it says is not an option."""
+    others = [c for c in options if not c.isspace()]
+    if len(others) > 1:
+        return None
+    for n in range(min(LAYOUT_CONTEXT, len(text) - 1), 0, -1):
+        at = text.rfind(text[-n:], 0, len(text) - 1)  # an occurrence followed by a character
+        if at >= 0:
+            following = text[at + n]
+            if not following.isspace():
+                return others[0] if others else None
+            return following if following in options else None
+    return None

@@ -225,6 +225,10 @@ def partial_match(text: str, stop: str) -> int:
     return 0
 
 
+def _text_of(target: Decoder, tokens: Sequence[int]) -> str:
+    return b"".join(target.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+
 def _fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
@@ -276,6 +280,8 @@ class Generation:
         self._started: float | None = None
         structure = settings.structure
         self._constraint = target.constrain(structure) if structure is not None else None
+        # Forced drafts lay out what the grammar leaves free as the prompt and answer do.
+        self._prompt_text = _text_of(target, self.prompt) if self._constraint is not None else ""
         if drafter is not None:
             drafter.begin(len(self.prompt), settings.prediction)
 
@@ -344,7 +350,11 @@ class Generation:
         if self.drafter is None or k <= 0 or self.stats.target_passes == 0:
             return Draft.empty(), 0.0
         began = time.perf_counter()
-        forced = self._constraint.forced_tokens()[:k] if self._constraint is not None else []
+        forced = (
+            self._constraint.forced_tokens(self._prompt_text + self.text)[:k]
+            if self._constraint is not None
+            else []
+        )
         if forced:  # free to propose, and the target can write nothing else (but spacing)
             draft = ngram_draft(forced, 0, DraftSource.FORCED)
         else:

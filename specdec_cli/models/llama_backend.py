@@ -615,8 +615,8 @@ class GrammarConstraint:
     def copy(self) -> GrammarConstraint:
         return GrammarConstraint(llama_cpp.llama_sampler_clone(self._sampler), self._owner)
 
-    def forced_tokens(self) -> list[int]:
-        text = forced_text(self, self._owner.character_tokens())
+    def forced_tokens(self, written: str = "") -> list[int]:
+        text = forced_text(self, self._owner.character_tokens(), written)
         if not text:
             return []
         # The grammar's own text: its tags may be the vocabulary's tokens (<tool_call>).
