@@ -24,7 +24,12 @@ from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .models import rpc
 from .network import is_loopback
 from .request import DecodeRequest, HardwareOptions
-from .structured import Structure, StructureError, parse_json_schema
+from .structured import (
+    Structure,
+    StructureKind,
+    read_structure_file,
+    structure_from_file,
+)
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -374,27 +379,15 @@ class SharedOptions:
         )
 
 
-def read_structure_file(path: Path, option: str) -> str:
-    """The text of a --json-schema, --grammar or --tools file."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise StructureError(f"{option}: cannot read {path} ({reason}).") from None
-
-
 def read_structure(json_schema: Path | None, grammar: Path | None) -> Structure | None:
     """--json-schema or --grammar, read and checked (one of them at most)."""
     if json_schema is not None and grammar is not None:
         raise BadUsageError("--json-schema and --grammar both constrain the answer.", "Give one.")
-    path = json_schema or grammar
-    if path is None:
-        return None
-    option = "--json-schema" if json_schema is not None else "--grammar"
-    text = read_structure_file(path, option)
     if json_schema is not None:
-        return parse_json_schema(text, f"{option} {path}")
-    return Structure.grammar(text)
+        return structure_from_file(StructureKind.JSON_SCHEMA, json_schema, "--json-schema")
+    if grammar is not None:
+        return structure_from_file(StructureKind.GRAMMAR, grammar, "--grammar")
+    return None
 
 
 def read_tools_option(path: Path | None, choice: str, raw: bool) -> list[Function]:

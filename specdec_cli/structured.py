@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 from .errors import SpecdecError
 
@@ -81,6 +82,24 @@ class Structure:
 
     def record(self) -> dict:
         return {"kind": self.kind.value, "text": self.text}
+
+
+def read_structure_file(path: Path, option: str) -> str:
+    """The text of a file holding a schema, a grammar or tools (`option`: how it was given,
+    --json-schema, /grammar ..., for the error)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise StructureError(f"{option}: cannot read {path} ({reason}).") from None
+
+
+def structure_from_file(kind: StructureKind, path: Path, option: str) -> Structure:
+    """A JSON schema or a GBNF grammar from the file at `path`, read and checked."""
+    text = read_structure_file(path, option)
+    if kind == StructureKind.JSON_SCHEMA:
+        return parse_json_schema(text, f"{option} {path}")
+    return Structure.grammar(text)
 
 
 def parse_json_schema(text: str, where: str) -> Structure:

@@ -45,6 +45,10 @@ SECOND = "how are you today"
         ("/temp 0.7", Command("temp", 0.7)),
         ("/temp 0", Command("temp", 0.0)),
         ("/save notes/chat.md", Command("save", "notes/chat.md")),
+        ("/schema person.json", Command("schema", "person.json")),
+        ("/schema", Command("schema", None)),
+        ("/grammar three.gbnf", Command("grammar", "three.gbnf")),
+        ("/grammar", Command("grammar", None)),
     ],
 )
 def test_parse_command(line, command):
@@ -305,3 +309,47 @@ def test_after_a_reset_the_same_question_drafts_from_the_earlier_answer(tiny_mod
     stored = [list(d) for d in file.load()[0].documents()]
     assert len(stored) == 2 and stored[1] == again.tokens
     assert stored[0][-len(first.tokens) :] == first.tokens and len(stored[0]) > len(first.tokens)
+
+
+# ---- /schema and /grammar: answers under a constraint ----------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def test_schema_makes_every_answer_match_until_it_is_lifted(tiny_models, tmp_path):
+    from specdec_cli.structured import StructureKind
+
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    drafted = new_session(tiny_models, max_tokens=60)
+    alone = new_session(tiny_models, drafter=False, max_tokens=60)
+    answers = []
+    for session in (drafted, alone):
+        session.constrain(StructureKind.JSON_SCHEMA, str(schema))
+        answers.append([run_turn(session, FIRST), run_turn(session, SECOND)])
+    for finished in answers[0]:
+        person = json.loads(finished.text)
+        assert list(person) == ["name", "age"] and isinstance(person["age"], int), finished.text
+    assert [f.tokens for f in answers[0]] == [f.tokens for f in answers[1]]  # the target's own
+    drafted.constrain(StructureKind.JSON_SCHEMA, None)
+    assert not run_turn(drafted, FIRST).text.lstrip().startswith("{")  # free again
+
+
+def test_a_schema_or_grammar_that_cannot_be_used_is_refused_and_the_session_goes_on(
+    tiny_models, tmp_path
+):
+    broken = tmp_path / "broken.gbnf"
+    broken.write_text('root ::= "a" missing-rule\n')
+    result = CliRunner().invoke(
+        app,
+        ["chat", "-t", str(tiny_models.target), "--no-draft", "--threads", "1", "-n", "5"],
+        input=f"/schema {tmp_path / 'nope.json'}\n/grammar {broken}\n{FIRST}\n",
+    )
+    assert result.exit_code == 0, result.output
+    assert "/schema: cannot read" in result.stderr
+    assert "could not parse the grammar" in result.stderr
+    assert len(result.stdout.splitlines()) == 1  # the message is still answered, freely

@@ -32,6 +32,7 @@ from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
 from ..errors import BadUsageError, ModelFileError, SpecdecError
 from ..models.loading import ModelPair
+from ..structured import StructureKind, structure_from_file
 from .history_file import HistoryFile
 from .prompting import check_prompt_fits, prediction_tokens, read_prediction
 
@@ -42,6 +43,8 @@ COMMANDS: dict[str, str] = {
     "/draft K": "draft at most K tokens per round (0: the target alone)",
     "/temp T": "sampling temperature (0: greedy)",
     "/predict FILE": "the next answer is expected to mostly repeat FILE (drafts follow it)",
+    "/schema FILE": "answers are JSON matching this JSON schema (/schema alone: free again)",
+    "/grammar FILE": "answers follow this GBNF grammar (/grammar alone: free again)",
     "/stats": "totals for the session, and what each turn decoded",
     "/save FILE": "write the transcript (.json: JSON, anything else: Markdown)",
     "/exit": "leave (Ctrl-D and Ctrl-C at the prompt do too)",
@@ -54,9 +57,10 @@ class CommandError(BadUsageError):
 
 @dataclass(frozen=True)
 class Command:
-    name: str  # "help", "reset", "system", "draft", "temp", "stats", "save", "exit"
-    # Its type follows the name: str (or None) for system, str for save, int for draft,
-    # float for temp; parse_command guarantees it, which a union would hide from the checker.
+    name: str  # "help", "reset", "system", "draft", "temp", "stats", "save", "exit", ...
+    # Its type follows the name: str (or None) for system, schema and grammar, str for save
+    # and predict, int for draft, float for temp; parse_command guarantees it, which a union
+    # would hide from the checker.
     value: Any = None
 
 
@@ -74,8 +78,8 @@ def parse_command(line: str) -> Command | None:
         if arg:
             raise CommandError(f"/{name} takes no argument.", "Type it alone.")
         return Command({"quit": "exit", "?": "help"}.get(name, name))
-    if name == "system":
-        return Command("system", arg or None)
+    if name in ("system", "schema", "grammar"):
+        return Command(name, arg or None)
     if name == "save":
         if not arg:
             raise CommandError("/save needs a file name.", "Try /save chat.md or /save chat.json.")
@@ -237,6 +241,18 @@ class ChatSession:
         self.settings = replace(
             self.settings, sampling=replace(self.settings.sampling, temperature=t)
         )
+
+    def constrain(self, kind: StructureKind, path: str | None) -> None:
+        """Every answer from now on follows the JSON schema or grammar in the file at
+        `path` (None: answers are free again). The file is read and checked now, and the
+        grammar built once, so a bad one is refused here and the session goes on."""
+        if path is None:
+            self.settings = replace(self.settings, structure=None)
+            return
+        option = f"/{'schema' if kind == StructureKind.JSON_SCHEMA else 'grammar'}"
+        structure = structure_from_file(kind, Path(path), option)
+        self.pair.target.constrain(structure)  # raises StructureError if it cannot be built
+        self.settings = replace(self.settings, structure=structure)
 
     # -- turns -----------------------------------------------------------------------------
 
