@@ -27,7 +27,12 @@ from specdec_cli.decoding.drafters import (
 )
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.modes import build_drafter
-from specdec_cli.decoding.policy import NGRAM_FIRST_PRIORS, NGRAM_NEXT_PRIORS, PROBE_BUDGET
+from specdec_cli.decoding.policy import (
+    MODEL_PROBE_TOKENS,
+    NGRAM_FIRST_PRIORS,
+    NGRAM_NEXT_PRIORS,
+    PROBE_BUDGET,
+)
 from specdec_cli.decoding.sampling import Distribution, GumbelChooser, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -403,6 +408,29 @@ def test_a_model_probe_is_short_however_sure_the_drafter_is():
     )
     draft = propose(drafter, [1, 2, 3], max_tokens=8)
     assert draft.source == "model" and draft.tokens == [4, 5, 6, 7]
+
+
+def test_short_ngram_guesses_that_win_on_price_do_not_stop_model_probes():
+    # Two rows cost what one does (as on the Zen 5): a one-token n-gram guess after a chance
+    # match of one token wins every round on price (1.2 tokens a pass at its prior), ahead
+    # of model drafts priced by their priors (1.14). Model drafts must still be tried now
+    # and then: they may pay more than their priors say.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 2: 1.0, 8: 3.0}, 0.2, learn=False),
+        model=ModelDrafter(FakeBackend(counting, N_VOCAB)),
+        ngram=NgramDrafter(),
+        model_probes=ProbeSchedule(first=3),
+        probe_budget=float("inf"),
+    )
+    context = [9, 1, 20, 30, 1]  # 1 occurred before, then 20: a one-token guess
+    sources = []
+    for _ in range(6):
+        draft = propose(drafter, context)
+        drafter.observe(Outcome(draft, 0, 1.0, False))
+        sources.append((str(draft.source), len(draft.tokens)))
+    assert sources[0] == ("ngram", 1)
+    assert ("model", MODEL_PROBE_TOKENS) in sources  # a probe, once due
 
 
 def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():

@@ -130,6 +130,14 @@ class AdaptiveDrafter:
         if self.ngram is not None and match.tokens:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
                 self.ngram_probes.paid()
+                # A short n-gram guess (where two rows cost about one, a chance match of a
+                # token or two wins on price alone) must not keep model drafts from ever
+                # being tried: they may pay more than their priors say.
+                if k <= MODEL_PROBE_TOKENS:
+                    self._model_plan = planned_model_rate
+                    probe = self._model_probe(context, max_tokens, sampling, chooser, catch_up)
+                    if probe is not None:
+                        return probe
                 return self.ngram.take(match, k)
             if match.length >= MIN_PROBE_MATCH and self.ngram_probes.due():
                 self.ngram_probes.probed()
@@ -141,7 +149,23 @@ class AdaptiveDrafter:
         if model_rate > plain_rate * self.margin:
             self.model_probes.paid()
             return self._model_draft(context, max_tokens, sampling, chooser)
-        # A probe only if a model draft could pay at all, were the drafter always right.
+        probe = self._model_probe(context, max_tokens, sampling, chooser, catch_up)
+        return probe if probe is not None else Draft.empty()
+
+    def _model_probe(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        chooser: TokenChooser,
+        catch_up: float,
+    ) -> Draft | None:
+        """A short model draft when one is due (model drafts were not chosen), could pay at
+        all were the drafter always right, and is affordable (PROBE_BUDGET); else None, and
+        the wait goes on."""
+        if self.model is None:
+            return None
+        plain_rate = 1.0 / self.costs.verify(1)
         if (
             self._model_rate(max_tokens, 0.95, 0.95, catch_up) > plain_rate
             and self.model_probes.due()
@@ -152,7 +176,7 @@ class AdaptiveDrafter:
                 context, min(max_tokens, MODEL_PROBE_TOKENS), sampling, chooser, at_least=1
             )
         self.model_probes.skipped()
-        return Draft.empty()
+        return None
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         self.prompt_length = prompt_length
