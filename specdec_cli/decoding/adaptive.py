@@ -129,7 +129,6 @@ class AdaptiveDrafter:
             return ngram_draft(earlier.tokens[:k_earlier], earlier.length, DraftSource.HISTORY)
         if self.ngram is not None and match.tokens:
             if k and ngram_rate >= max(model_rate, plain_rate * self.margin):
-                self.ngram_probes.paid()
                 # A short n-gram guess (where two rows cost about one, a chance match of a
                 # token or two wins on price alone) must not keep model drafts from ever
                 # being tried: they may pay more than their priors say.
@@ -138,6 +137,7 @@ class AdaptiveDrafter:
                     probe = self._model_probe(context, max_tokens, sampling, chooser, catch_up)
                     if probe is not None:
                         return probe
+                self.ngram_probes.paid()
                 return self.ngram.take(match, k)
             if match.length >= MIN_PROBE_MATCH and self.ngram_probes.due():
                 self.ngram_probes.probed()
