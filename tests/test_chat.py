@@ -321,21 +321,19 @@ PERSON = {
 
 
 def test_schema_makes_every_answer_match_until_it_is_lifted(tiny_models, tmp_path):
-    from specdec_cli.structured import StructureKind
-
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
     drafted = new_session(tiny_models, max_tokens=60)
     alone = new_session(tiny_models, drafter=False, max_tokens=60)
     answers = []
     for session in (drafted, alone):
-        session.constrain(StructureKind.JSON_SCHEMA, str(schema))
+        session.constrain("schema", str(schema))
         answers.append([run_turn(session, FIRST), run_turn(session, SECOND)])
     for finished in answers[0]:
         person = json.loads(finished.text)
         assert list(person) == ["name", "age"] and isinstance(person["age"], int), finished.text
     assert [f.tokens for f in answers[0]] == [f.tokens for f in answers[1]]  # the target's own
-    drafted.constrain(StructureKind.JSON_SCHEMA, None)
+    drafted.constrain("schema", None)
     assert not run_turn(drafted, FIRST).text.lstrip().startswith("{")  # free again
 
 

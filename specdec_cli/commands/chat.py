@@ -51,6 +51,10 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# The commands that constrain every answer from then on, and what their file holds.
+CONSTRAINTS = {"schema": StructureKind.JSON_SCHEMA, "grammar": StructureKind.GRAMMAR}
+
+
 class CommandError(BadUsageError):
     """A slash command that cannot be parsed; the session goes on."""
 
@@ -78,7 +82,7 @@ def parse_command(line: str) -> Command | None:
         if arg:
             raise CommandError(f"/{name} takes no argument.", "Type it alone.")
         return Command({"quit": "exit", "?": "help"}.get(name, name))
-    if name in ("system", "schema", "grammar"):
+    if name == "system" or name in CONSTRAINTS:
         return Command(name, arg or None)
     if name == "save":
         if not arg:
@@ -242,15 +246,15 @@ class ChatSession:
             self.settings, sampling=replace(self.settings.sampling, temperature=t)
         )
 
-    def constrain(self, kind: StructureKind, path: str | None) -> None:
-        """Every answer from now on follows the JSON schema or grammar in the file at
-        `path` (None: answers are free again). The file is read and checked now, and the
-        grammar built once, so a bad one is refused here and the session goes on."""
+    def constrain(self, command: str, path: str | None) -> None:
+        """Every answer from now on follows the JSON schema (`command` "schema") or the
+        grammar ("grammar") in the file at `path` (None: answers are free again). The file
+        is read and its grammar built now, so a bad one is refused here and the session
+        goes on (each answer then builds its own from the same structure)."""
         if path is None:
             self.settings = replace(self.settings, structure=None)
             return
-        option = f"/{'schema' if kind == StructureKind.JSON_SCHEMA else 'grammar'}"
-        structure = structure_from_file(kind, Path(path), option)
+        structure = structure_from_file(CONSTRAINTS[command], Path(path), f"/{command}")
         self.pair.target.constrain(structure)  # raises StructureError if it cannot be built
         self.settings = replace(self.settings, structure=structure)
 

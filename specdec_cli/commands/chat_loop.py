@@ -16,8 +16,15 @@ from ..decoding.engine import Piece
 from ..errors import SpecdecError
 from ..models.loading import CHAT_CONTEXT, ModelLoader, load_with_llama_cpp
 from ..request import DecodeRequest
-from ..structured import StructureKind
-from .chat import COMMANDS, ChatSession, Command, CommandError, parse_command, user_text
+from .chat import (
+    COMMANDS,
+    CONSTRAINTS,
+    ChatSession,
+    Command,
+    CommandError,
+    parse_command,
+    user_text,
+)
 from .drafting import load_history
 from .lifecycle import loaded_pair
 
@@ -168,9 +175,8 @@ def _apply(command: Command, session: ChatSession, view: render.ChatView) -> Non
     elif command.name == "temp":
         session.set_temperature(command.value)
         view.info(f"temperature {command.value:g}")
-    elif command.name in ("schema", "grammar"):
-        kind = StructureKind.JSON_SCHEMA if command.name == "schema" else StructureKind.GRAMMAR
-        session.constrain(kind, command.value)
+    elif command.name in CONSTRAINTS:
+        session.constrain(command.name, command.value)
         view.info(
             f"answers follow {command.value}" if command.value else "answers are free again"
         )
