@@ -540,6 +540,9 @@ def test_the_real_pair_over_two_workers_is_the_rpc_target_alones_answer(shared_m
     with workers(2) as endpoints:
         common = ["-n", "96", "--rpc", ",".join(endpoints)]
         alone = run_json(target, "--no-draft", *common, prompt_text=prompt)
-        drafted = run_json(target, "--draft", str(drafter), *common, prompt_text=prompt)
+        # The classic loop drafts every round; combined weighs the costs it measures over
+        # the workers and may rightly draft nothing in 96 tokens (seen once in CI).
+        drafted = run_json(target, "--draft", str(drafter), "--drafter", "fixed", *common,
+                           prompt_text=prompt)  # fmt: skip
     assert drafted["tokens"] == alone["tokens"]
     assert drafted["stats"]["accepted"] > 0
