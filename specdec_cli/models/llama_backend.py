@@ -7,13 +7,15 @@ with `llama_memory_seq_rm`.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import ctypes
 import hashlib
 import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jinja2  # llama-cpp-python's chat formatter renders with it
@@ -28,6 +30,7 @@ from ..errors import (
 )
 from ..structured import Structure, StructureError, StructureKind
 from .llama_batches import aligned_bounds, chunk_bounds, decode_failure
+from .rounds import Part, Rounds
 
 try:
     import llama_cpp
@@ -39,7 +42,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "Run `make install` (it builds llama-cpp-python with flags safe for this CPU).",
     ) from exc
 
-_SEQ = 0
 # llama.cpp has one log callback for the whole process, so whether it prints is module state.
 _verbose = False
 
@@ -152,7 +154,8 @@ def _library_build() -> str:
 
 
 class LlamaBackend:
-    """One GGUF model with one context and a single KV-cache sequence."""
+    """One GGUF model with one context and a KV-cache sequence in it: its only one, or one
+    of several that share the context (`split`)."""
 
     def __init__(
         self,
@@ -192,14 +195,115 @@ class LlamaBackend:
         self._pieces: dict[int, bytes] = {}
         self._spellings: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._seq = 0
+        self._owns_model = self._owns_context = True  # not a `split` view or a `sibling`
+        self._children: list[LlamaBackend] = []  # its views and siblings: closed before it
+        self._rounds: Rounds | None = None  # set on the views of a split context
+        self._turn: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self._open_context(n_ctx)
 
     def resize_context(self, n_ctx: int) -> None:
         """An empty context of `n_ctx` tokens in place of this one; the weights stay loaded."""
+        if not self._owns_context or self._children:
+            raise RuntimeError("a context shared with views or siblings cannot be resized")
         self._close_context()
         self._open_context(n_ctx)
 
     # -- loading ---------------------------------------------------------------------------
+
+    # -- several sequences -------------------------------------------------------------------
+
+    def split(self, n_sequences: int) -> list[LlamaBackend]:
+        """A backend for each of `n_sequences` KV sequences of one new context, each of this
+        context's size (serve --parallel). Their generated rows are decoded together in
+        rounds (rounds.py); a prompt is decoded alone, in its own llama_decode calls.
+
+        Exact mode stays exact (docs/multi-sequence-exactness.md): a stream of cells per
+        sequence (kv_unified off), kept in position order as alone; prompts alone; in a
+        round each sequence's rows together, padded to the same count (llama.cpp cuts a
+        batch into equal shares of each sequence: one graph compute instead of several), and
+        batch-invariant kernels for all the round's rows. This backend keeps the model and
+        the context, and is not decoded with any more."""
+        per_sequence, solo_batch = self.n_ctx, self.n_batch
+        self._close_context()
+        self._n_batch_wanted = max(solo_batch, n_sequences * EXACT_BATCH_ROWS)  # a full round
+        self._open_context(per_sequence * n_sequences, n_sequences)
+        self._rounds_of_views = Rounds(self._decode_round)
+        self._views = {seq: self._view(seq, solo_batch) for seq in range(n_sequences)}
+        return list(self._views.values())
+
+    def _view(self, seq: int, n_batch: int) -> LlamaBackend:
+        view = copy.copy(self)
+        view.n_batch = n_batch  # its own decodes are cut as alone
+        view._owns_model = view._owns_context = False
+        view._seq, view._rounds = seq, self._rounds_of_views
+        view._turn = self._rounds_of_views.turn
+        view.cached, view._aligned_prompt_end, view._children = [], 0, []
+        view.tokens_decoded = view.decode_calls = 0
+        view._init_batch()
+        self._children.append(view)
+        return view
+
+    def rows_alongside(self) -> int:
+        """Other requests' rows this sequence's next rows will share a pass with (0 for a
+        backend of its own)."""
+        return 0 if self._rounds is None else self._rounds.rows_alongside(self._seq)
+
+    @property
+    def rounds(self) -> Rounds | None:
+        """The rounds a split context's views share (None for a backend of its own)."""
+        return self._rounds
+
+    def sibling(self, turn: Callable[[], contextlib.AbstractContextManager]) -> LlamaBackend:
+        """Another context of this context's size on the same weights (a drafter for each
+        of serve's slots), its decodes taking `turn`s with the others'."""
+        view = copy.copy(self)
+        view._owns_model, view._owns_context = False, True
+        view._seq, view._rounds, view._turn = 0, None, turn
+        view.tokens_decoded = view.decode_calls = 0
+        view._children = []
+        view._open_context(self.n_ctx)
+        self._children.append(view)
+        return view
+
+    def _decode_round(self, parts: list[Part]) -> None:
+        """Every part's rows in one llama_decode, sequence after sequence, each padded to the
+        longest with rows whose logits nobody reads (removed afterwards)."""
+        width = max(len(part.tokens) for part in parts)
+        if width * len(parts) > self.n_batch:
+            raise ValueError(f"{len(parts)} x {width} rows do not fit a batch of {self.n_batch}")
+        views = [self._views[part.seq] for part in parts]
+        n = width * len(parts)
+        for i, (part, view) in enumerate(zip(parts, views, strict=True)):
+            rows = slice(i * width, (i + 1) * width)
+            real = len(part.tokens)
+            base = len(view.cached)
+            self._batch_token[rows] = [*part.tokens, *[part.tokens[-1]] * (width - real)]
+            self._batch_pos[rows] = np.arange(base, base + width)
+            self._batch_logits[rows] = [1] * real + [0] * (width - real)
+            for row in range(i * width, (i + 1) * width):
+                self._batch.seq_id[row][0] = part.seq
+        self._batch.n_tokens = n
+        if _set_invariant_rows is not None:  # every row of the round, invariant
+            _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if self.exact else 0)
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        for i, (part, view) in enumerate(zip(parts, views, strict=True)):
+            base = len(view.cached)
+            if status != 0:
+                llama_cpp.llama_memory_seq_rm(self._memory, part.seq, base, -1)
+                continue
+            real = len(part.tokens)
+            llama_cpp.llama_memory_seq_rm(self._memory, part.seq, base + real, -1)  # padding
+            part.logits = np.stack([self._output_row(i * width + row) for row in range(real)])
+            view.cached.extend(part.tokens)
+            view.tokens_decoded += real
+            view.decode_calls += 1
+        if status != 0:
+            raise decode_failure(status, min(len(v.cached) for v in views), self.n_ctx)
+
+    def _output_row(self, batch_row: int) -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_row)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
 
     def _refuse_unrollbackable_memory(self) -> None:
         if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(
@@ -212,11 +316,14 @@ class LlamaBackend:
                 "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
             )
 
-    def _open_context(self, n_ctx: int) -> None:
+    def _open_context(self, n_ctx: int, n_sequences: int = 1) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self._n_batch_wanted
-        params.n_seq_max = 1
+        params.n_seq_max = n_sequences
+        if n_sequences > 1:
+            # A stream of cells per sequence, in position order as alone: see `split`.
+            params.kv_unified = False
         params.n_threads = params.n_threads_batch = self._n_threads
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
@@ -227,7 +334,7 @@ class LlamaBackend:
                 "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
         self._aligned_prompt_end = 0  # cached prompt chunks up to here: cut at PROMPT_CHUNKs
@@ -240,8 +347,8 @@ class LlamaBackend:
         self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
         self._batch_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))[:] = 1
-        for i in range(n):  # once per backend: every slot belongs to sequence 0
-            self._batch.seq_id[i][0] = _SEQ
+        for i in range(n):  # once per backend: every slot belongs to its sequence
+            self._batch.seq_id[i][0] = self._seq
 
     def _close_context(self) -> None:
         if getattr(self, "_batch", None) is not None:
@@ -252,10 +359,16 @@ class LlamaBackend:
             self._ctx = None
 
     def close(self) -> None:
-        self._close_context()
-        if getattr(self, "_model", None):
+        for child in getattr(self, "_children", []):
+            child.close()
+        if getattr(self, "_owns_context", True):
+            self._close_context()
+        elif getattr(self, "_batch", None) is not None:  # a view: only its batch is its own
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_owns_model", True) and getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
-            self._model = None
+        self._model = self._ctx = None
 
     def __del__(self) -> None:
         self.close()
@@ -271,26 +384,22 @@ class LlamaBackend:
                 "Raise --ctx-size or shorten the prompt.",
             )
         tokens = list(tokens)
-        invariant = not prompt and self._needs_invariance(tokens, n_logit_rows)
-        if _set_invariant_rows is not None:  # one process-wide switch: set it for each model
-            _set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
+        # Generated tokens (a next token, or a draft to verify: every row's logits wanted)
+        # must not depend on their batch in exact mode. A prompt (only its last row wanted)
+        # keeps the fast kernels: it is decoded alone, the same way with or without drafts.
+        generated = not prompt and len(tokens) == n_logit_rows
+        if generated and self._rounds is not None:  # into the next round
+            return self._rounds.submit(self._seq, tokens)
         if prompt and self.exact:
-            self._decode_prompt_aligned(tokens, n_logit_rows)
-        else:
-            bounds = chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
-            for start, stop in zip(bounds, bounds[1:], strict=False):
-                is_last = stop == len(tokens)
-                self._decode_chunk(tokens[start:stop], n_logit_rows if is_last else 0)
-        logits = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(logits, shape=(n_logit_rows, self.n_vocab))
+            return self._decode_prompt_aligned(tokens, n_logit_rows)
+        bounds = chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
+        for start, stop in zip(bounds, bounds[1:], strict=False):
+            is_last = stop == len(tokens)
+            rows = n_logit_rows if is_last else 0
+            logits = self._decode_chunk(tokens[start:stop], rows, generated and self.exact)
+        return logits
 
-    def _needs_invariance(self, tokens: Sequence[int], n_logit_rows: int) -> bool:
-        """Generated tokens (checked alone or as a verified batch: every row's logits wanted)
-        must not depend on their batch. A prompt (only its last row wanted) keeps the fast
-        kernels: the engine decodes it alone, the same way with or without drafts."""
-        return self.exact and len(tokens) == n_logit_rows
-
-    def _decode_prompt_aligned(self, tokens: list[int], n_logit_rows: int) -> None:
+    def _decode_prompt_aligned(self, tokens: list[int], n_logit_rows: int) -> np.ndarray:
         """Exact mode's prompts. A prompt's keys and logits depend on how it is cut into
         decodes, so an answer would depend on what an earlier request left cached. Here a
         prompt is always cut the same way, whatever is cached: into chunks that start at
@@ -306,11 +415,16 @@ class LlamaBackend:
         bounds = aligned_bounds(start, start + len(tokens), size, n_logit_rows)
         for first, stop in zip(bounds, bounds[1:], strict=False):
             is_last = stop == bounds[-1]
-            self._decode_chunk(tokens[first - start : stop - start], n_logit_rows if is_last else 0)
+            rows = n_logit_rows if is_last else 0
+            logits = self._decode_chunk(tokens[first - start : stop - start], rows, False)
         full_last = bounds[-1] - bounds[-2] == size
         self._aligned_prompt_end = bounds[-1] if full_last else bounds[-2]
+        return logits
 
-    def _decode_chunk(self, chunk: list[int], n_logit_rows: int) -> None:
+    def _decode_chunk(self, chunk: list[int], n_logit_rows: int, invariant: bool) -> np.ndarray:
+        """One llama_decode; the logits of its last `n_logit_rows` rows: a view into
+        llama.cpp's buffer, or a copy where other sequences share the context (their next
+        decode would overwrite it)."""
         n = len(chunk)
         base = len(self.cached)
         self._batch_token[:n] = chunk
@@ -319,14 +433,28 @@ class LlamaBackend:
         if n_logit_rows:
             self._batch_logits[n - n_logit_rows : n] = 1
         self._batch.n_tokens = n
-        status = llama_cpp.llama_decode(self._ctx, self._batch)
-        if status != 0:
-            # A failure can leave part of the batch in the KV cache: keep it in step with `cached`.
-            llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, base, -1)
-            raise decode_failure(status, base, self.n_ctx)
+        with self._turn():  # the context's and the cores' turn, where they are shared
+            if _set_invariant_rows is not None:  # one process-wide switch: set for each decode
+                _set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
+            status = llama_cpp.llama_decode(self._ctx, self._batch)
+            if status != 0:
+                # A failure can leave part of the batch in the KV cache: keep it in step with
+                # `cached`.
+                llama_cpp.llama_memory_seq_rm(self._memory, self._seq, base, -1)
+                raise decode_failure(status, base, self.n_ctx)
+            logits = self._logits(n_logit_rows)
         self.cached.extend(chunk)
         self.tokens_decoded += n
         self.decode_calls += 1
+        return logits
+
+    def _logits(self, n_rows: int) -> np.ndarray:
+        if n_rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        rows = np.ctypeslib.as_array(
+            llama_cpp.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab)
+        )
+        return rows.copy() if self._rounds is not None else rows
 
     def _prompt_chunk(self) -> int:
         return min(PROMPT_CHUNK, self.n_batch)
@@ -356,9 +484,9 @@ class LlamaBackend:
     def save_state(self, n_tokens: int) -> bytes:
         """llama.cpp's state of the first `n_tokens` cached tokens (the rest is dropped)."""
         self.truncate(n_tokens)
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, _SEQ)
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, self._seq)
         buffer = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, _SEQ)
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, self._seq)
         return bytes(buffer)[:written]
 
     def restore_state(self, state: bytes, tokens: Sequence[int]) -> bool:
@@ -367,15 +495,20 @@ class LlamaBackend:
         chunk boundary may be restored. False (and an empty cache) if llama.cpp refuses."""
         self.truncate(0)
         data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if not state or not llama_cpp.llama_state_seq_set_data(self._ctx, data, len(state), _SEQ):
-            llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, 0, -1)
+        restored = state and llama_cpp.llama_state_seq_set_data(
+            self._ctx, data, len(state), self._seq
+        )
+        if not restored:
+            llama_cpp.llama_memory_seq_rm(self._memory, self._seq, 0, -1)
             return False
         self.cached = [int(t) for t in tokens]
         self._aligned_prompt_end = len(self.cached)
         return True
 
     def truncate(self, n_keep: int) -> None:
-        if not llama_cpp.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
+        with self._turn():
+            removed = llama_cpp.llama_memory_seq_rm(self._memory, self._seq, n_keep, -1)
+        if not removed:
             raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")
         del self.cached[n_keep:]
         self._aligned_prompt_end = min(self._aligned_prompt_end, n_keep)

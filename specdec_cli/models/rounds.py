@@ -1,0 +1,186 @@
+"""Rounds: several requests' threads sharing one llama.cpp context (serve --parallel).
+
+Each request decodes in its own KV sequence of one context. Their generated rows (a next
+token, or a draft to verify) go into one `llama_decode` per round: a round runs once every
+request that is generating has handed in its rows, so a pass reads the weights once for
+all of them. Whatever else uses the context in between (a prompt's chunks, which must be
+decoded alone to stay exact, and the drafters' steps) takes a turn of its own: one at a
+time, so the two cores are never asked to run two decodes at once, and never ahead of a
+round that is ready.
+
+Pure threading, no llama.cpp: the round's decode is the function given (llama_backend).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..decoding.backend import Backend
+
+
+@dataclass
+class Part:
+    """One request's rows in a round: `tokens` appended to sequence `seq`, logits wanted for
+    all of them."""
+
+    seq: int
+    tokens: Sequence[int]
+    logits: np.ndarray | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class RoundStats:
+    rounds: int = 0
+    rows: int = 0  # rows decoded in rounds, all requests together
+    parts: int = 0  # requests' parts in them (parts / rounds: how many shared a pass)
+    turns: int = 0  # decodes outside the rounds (prompt chunks, drafters)
+    largest: int = 0  # the most requests in one round
+
+    def add(self, parts: int, rows: int) -> None:
+        self.rounds += 1
+        self.parts += parts
+        self.rows += rows
+        self.largest = max(self.largest, parts)
+
+
+class Rounds:
+    def __init__(self, decode_together: Callable[[list[Part]], None]) -> None:
+        """`decode_together(parts)` decodes every part's tokens in one pass and sets each
+        part's `logits` (raising if the pass failed)."""
+        self._decode_together = decode_together
+        self._changed = threading.Condition()
+        self._busy = False  # a decode is running on the context
+        self._turns_waiting = 0
+        self._generating: set[int] = set()  # sequences that take part in rounds
+        self._waiting: dict[int, Part] = {}  # their rows for the next round
+        self._alongside: dict[int, int] = {}  # each sequence's: others' rows in its last round
+        self.stats = RoundStats()
+
+    @property
+    def generating(self) -> int:
+        with self._changed:
+            return len(self._generating)
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def join(self, seq: int) -> None:
+        """Sequence `seq` takes part in rounds from now until `leave(seq)`: no round runs
+        without its rows. `submit` joins; a prompt being decoded has not yet (its chunks
+        take turns between the others' rounds)."""
+        with self._changed:
+            self._generating.add(seq)
+
+    def submit(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """Decode `tokens` for sequence `seq` in the next round (joining it); their logits."""
+        part = Part(seq, tokens)
+        with self._changed:
+            if seq in self._waiting:
+                raise RuntimeError(f"sequence {seq} already waits for a round")
+            self._generating.add(seq)
+            self._waiting[seq] = part
+            self._changed.notify_all()
+            batch = self._wait_or_lead(part)
+        if batch is not None:
+            self._run(batch)
+        if part.error is not None:
+            raise part.error
+        assert part.logits is not None
+        return part.logits
+
+    def _wait_or_lead(self, part: Part) -> list[Part] | None:
+        """Under the lock: wait until the round holding `part` has run (None), or until it
+        is ready to run and nobody else runs it: then this thread runs it (its parts)."""
+        while not part.done:
+            if not self._busy and self._round_ready():
+                batch = [self._waiting[seq] for seq in sorted(self._waiting)]
+                self._waiting.clear()
+                self._busy = True
+                return batch
+            self._changed.wait()
+        return None
+
+    def _round_ready(self) -> bool:
+        return bool(self._waiting) and self._generating <= self._waiting.keys()
+
+    def _run(self, batch: list[Part]) -> None:
+        try:
+            self._decode_together(batch)
+        except BaseException as error:  # every request in the pass hears of it
+            for part in batch:
+                part.error = error
+        finally:
+            rows = sum(len(part.tokens) for part in batch)
+            with self._changed:
+                self.stats.add(len(batch), rows)
+                for part in batch:
+                    self._alongside[part.seq] = rows - len(part.tokens)
+                for part in batch:
+                    part.done = True
+                self._busy = False
+                self._changed.notify_all()
+
+    def rows_alongside(self, seq: int) -> int:
+        """How many rows of other requests sequence `seq`'s next rows will share a pass
+        with, as far as can be told: as many as in its last round, and at least one for
+        each other sequence taking part now."""
+        with self._changed:
+            others = len(self._generating - {seq})
+            return max(self._alongside.get(seq, 0), others) if others else 0
+
+    def leave(self, seq: int) -> None:
+        """Sequence `seq` ends its request: rounds no longer wait for it."""
+        with self._changed:
+            self._generating.discard(seq)
+            self._waiting.pop(seq, None)
+            self._alongside.pop(seq, None)
+            self._changed.notify_all()
+
+    @contextmanager
+    def taking_part(self, seq: int) -> Iterator[None]:
+        """One request on sequence `seq`: it leaves the rounds however the request ends."""
+        try:
+            yield
+        finally:
+            self.leave(seq)
+
+    # -- turns -------------------------------------------------------------------------------
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """The context (and the cores) for one decode outside the rounds, once no decode
+        runs and no round is ready."""
+        with self._changed:
+            self._turns_waiting += 1
+            self._changed.notify_all()
+            while self._busy or self._round_ready():
+                self._changed.wait()
+            self._turns_waiting -= 1
+            self._busy = True
+            self.stats.turns += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
+
+
+@runtime_checkable
+class SharedContexts(Protocol):
+    """A backend whose context can hold several requests' sequences (llama_backend)."""
+
+    def split(self, n_sequences: int) -> list[Backend]:
+        """A backend for each of `n_sequences` sequences of one context; each has `rounds`."""
+        ...
+
+    def sibling(self, turn: Callable[[], AbstractContextManager]) -> Backend:
+        """Another context on the same weights, its decodes taking `turn`s."""
+        ...
