@@ -17,7 +17,13 @@ from fakes import (
 
 from specdec_cli.decoding.acceptance import AcceptanceModel, Rate, expected_tokens
 from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
-from specdec_cli.decoding.costs import CostModel, ProbeTimings, measure_costs, probe_problems
+from specdec_cli.decoding.costs import (
+    CostModel,
+    ProbeTimings,
+    measure_costs,
+    probe_problems,
+    shared_pass_costs,
+)
 from specdec_cli.decoding.drafters import (
     Draft,
     ModelDrafter,
@@ -28,6 +34,7 @@ from specdec_cli.decoding.drafters import (
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.policy import (
+    MIN_ROW_SHARE,
     MODEL_PROBE_TOKENS,
     NGRAM_FIRST_PRIORS,
     NGRAM_NEXT_PRIORS,
@@ -524,3 +531,33 @@ def test_a_size_the_table_overprices_is_tried_now_and_then(clock):
     rounds, _, costs = copying_run(clock, start, "ngram")
     assert costs.observations(8) + costs.observations(16) + costs.observations(32) > 0
     assert max(r.drafted for r in rounds) >= 15
+
+
+# --- a pass shared with other requests (serve --parallel) ------------------------------------
+
+# The Zen 5's exact table, in milliseconds: 4 rows cost 1.3x one, 8 rows 2.2x.
+ZEN5 = {1: 31.9, 2: 30.0, 4: 41.7, 8: 70.1, 16: 151.0, 32: 285.0, 64: 521.0}
+
+
+def shared_ngram_drafter(rows_alongside: list[int]) -> AdaptiveDrafter:
+    costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: rows_alongside[0])
+    return AdaptiveDrafter(costs, ngram=NgramDrafter())
+
+
+def test_rows_in_a_shared_pass_cost_what_they_add_to_it():
+    costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: 3)
+    alone = CostModel(ZEN5, 0.0)
+    assert costs.verify(5) == pytest.approx(alone.verify(8) - alone.verify(3))
+    assert costs.learn is False  # a shared round's length is not its own rows' cost
+    floor = shared_pass_costs(CostModel({1: 1.0, 2: 0.9, 4: 1.3}, 0.0), lambda: 1)
+    assert floor.verify(1) == pytest.approx(MIN_ROW_SHARE)  # 2 rows priced below 1
+
+
+def test_drafts_shrink_as_the_pass_fills_with_other_requests_rows():
+    rows_alongside = [0]
+    drafter = shared_ngram_drafter(rows_alongside)
+    alone = propose(drafter, COPYING, max_tokens=8)
+    rows_alongside[0] = 3  # three other requests decode one token each in the same pass
+    crowded = propose(shared_ngram_drafter(rows_alongside), COPYING, max_tokens=8)
+    assert alone.source == "ngram" and len(alone.tokens) >= 3
+    assert len(crowded.tokens) < len(alone.tokens)

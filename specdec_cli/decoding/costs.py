@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -16,6 +16,7 @@ from .policy import (
     COST_WINDOW,
     DRAFT_STEP_WINDOW,
     MEASURED_SIZES,
+    MIN_ROW_SHARE,
     PROBE_AGREEMENT,
     PROBE_BATCH_SLACK,
     PROBE_JITTER,
@@ -132,6 +133,46 @@ class CostModel:
             "now": _cost_record(self.table(), self.draft_step),
             "observed": {str(n): c for n, c in sorted(self._counts.items())},
         }
+
+
+def _alone() -> int:
+    return 0
+
+
+@dataclass
+class SharedPassCosts(CostModel):
+    """The costs of a request whose rows share each target pass with other requests' rows
+    (serve --parallel): n rows cost what they add to a pass that holds `rows_alongside()`
+    others, by the table of a pass's cost by its size (a pass of 4 sequences' rows costs
+    what 4 rows of one cost: docs/multi-sequence-exactness.md). So drafts shrink as the
+    batch grows: where 4 rows cost 1.6x one, a plain step adds little to a pass, and a
+    draft must promise far more than alone to be worth its rows.
+
+    It does not learn (`learn` False): a request's rounds last as long as the others'
+    drafting and the whole pass, which are not the cost of its own rows."""
+
+    rows_alongside: Callable[[], int] = _alone
+
+    def verify(self, n_tokens: int) -> float:
+        others = self.rows_alongside()
+        alone = super().verify
+        if others <= 0:
+            return alone(n_tokens)
+        added = alone(others + n_tokens) - alone(others)
+        return max(added, n_tokens * MIN_ROW_SHARE * alone(1))
+
+
+def shared_pass_costs(costs: CostModel, rows_alongside: Callable[[], int]) -> SharedPassCosts:
+    """`costs`' starting table, priced as SharedPassCosts."""
+    return SharedPassCosts(
+        dict(costs.verify_seconds),
+        costs.draft_step,
+        learn=False,
+        origin=costs.origin,
+        trusted=costs.trusted,
+        started_at=costs.started_at,
+        rows_alongside=rows_alongside,
+    )
 
 
 def _cost_record(table: dict[int, float], step: float) -> dict:

@@ -13,6 +13,12 @@ DRAFT_STEP_WINDOW = 15
 # A measured size corrects its neighbours by at most this factor either way: no size is
 # ever assumed free or hopeless because of one measurement elsewhere.
 RATIO_LIMITS = (0.1, 10.0)
+# serve --parallel: a request's rows share each pass with other requests', so n rows cost
+# what they add to the pass (costs.SharedPassCosts). Never less than this share of a
+# one-token decode per row: the table's neighbouring sizes differ by less than their noise
+# (2 rows measured below 1 on the Zen 5), and a row priced at nothing would make every
+# draft lose to a plain step on a price that is only noise.
+MIN_ROW_SHARE = 0.05
 MEASURED_SIZES = (1, 2, 4, 8, 16, 32)
 # The sizes a cost table keeps: the probed ones and the largest verification (longest draft
 # and the target's own token), which the probe leaves to the run (it would add a second or
