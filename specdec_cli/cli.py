@@ -246,6 +246,9 @@ def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
 
 
 DEFAULT_TARGET = "large"
+# serve --parallel: each slot may verify up to 64 rows a pass (llama_backend's
+# EXACT_BATCH_ROWS), and eight of them fill llama.cpp's default 512-row batch.
+MAX_PARALLEL = 8
 
 
 def drafting_mode(drafter: DrafterMode, no_draft: bool, draft: str | None) -> DrafterMode:
@@ -730,6 +733,17 @@ def serve(
     json_log: Annotated[
         bool, typer.Option("--json-log", help="Log one JSON object per request on stderr.")
     ] = False,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            "-np",
+            min=1,
+            max=MAX_PARALLEL,
+            help="Requests answered side by side, their tokens sharing each pass of the "
+            "target; each answer stays the one it gets alone (exact mode).",
+        ),
+    ] = 1,
     history_tokens: Annotated[
         int,
         typer.Option(
@@ -783,7 +797,11 @@ def serve(
             target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
-        options = ServeOptions(host, port, keys(api_key), max_queue, json_log, history_tokens)
+        if parallel > 1 and rpc:
+            raise SpecdecError("--parallel with --rpc is not supported yet.", "Drop one of them.")
+        options = ServeOptions(
+            host, port, keys(api_key), max_queue, json_log, history_tokens, parallel
+        )
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))
     raise typer.Exit(code)

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from specdec_cli.commands.lifecycle import Slot
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
@@ -34,7 +35,7 @@ def models(tiny_models):
     pair = load_pair(
         tiny_models.target, tiny_models.close_drafter, HardwareOptions(ctx_size=512, threads=1)
     )
-    models = ModelThread(pair, None, max_queue=4)
+    models = ModelThread([Slot(pair, None, None)], max_queue=4)
     models.start()
     yield models
     models.close()
@@ -73,7 +74,7 @@ def test_the_prediction_reaches_the_engine_as_target_tokens(models, monkeypatch)
 
     monkeypatch.setattr(model_thread, "Generation", Recording)
     run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=4), "sat on the mat")
-    expected = models.pair.target.tokenize("sat on the mat", add_special=False)
+    expected = models.pairs[0].target.tokenize("sat on the mat", add_special=False)
     assert seen[0].prediction == tuple(expected) and expected
 
 
@@ -92,7 +93,7 @@ def test_a_failing_generation_is_a_500_and_leaves_the_caches_consistent(models, 
     monkeypatch.setattr(model_thread, "Generation", Failing)
     failed = run_job(models, prompt, settings)[-1]
     assert isinstance(failed, Failed) and failed.error.failure is Failure.INTERNAL
-    for backend in (models.pair.target, models.pair.drafter):
+    for backend in (models.pairs[0].target, models.pairs[0].drafter):
         assert backend.cached == []  # started over rather than trusting a half-done decode
 
     monkeypatch.setattr(model_thread, "Generation", Generation)
@@ -123,14 +124,14 @@ def test_each_failure_in_a_generation_is_reported_as_what_it_is(
     failed = run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=8))[-1]
     assert isinstance(failed, Failed)
     assert failed.error.failure is failure and failed.error.message == str(error)
-    assert models.pair.target.cached == []  # started over, as after any failure mid-decode
+    assert models.pairs[0].target.cached == []  # started over, as after any failure mid-decode
 
 
 def test_a_template_that_refuses_the_messages_is_a_400(models, monkeypatch):
     def refuse(messages, tools=None):
         raise ChatTemplateError("The template says: roles must alternate user/assistant.")
 
-    monkeypatch.setattr(models.pair.target, "format_chat", refuse)
+    monkeypatch.setattr(models.pairs[0].target, "format_chat", refuse)
     prompt = ChatPrompt([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
     failed = run_job(models, prompt, GenerationSettings(max_tokens=4))[-1]
     assert isinstance(failed, Failed)
@@ -144,7 +145,9 @@ def drafting_thread(tiny_models, history_tokens: int) -> ModelThread:
     # Verification priced as free: every match worth drafting is drafted.
     costs = CostModel({1: 1.0, 64: 1.0}, 0.0, learn=False)
     drafter = build_drafter("ngram", pair.target, None, costs)
-    models = ModelThread(pair, drafter, max_queue=4, history_tokens=history_tokens)
+    models = ModelThread(
+        [Slot(pair, drafter, None)], max_queue=4, history_tokens=history_tokens
+    )
     models.start()
     return models
 

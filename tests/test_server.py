@@ -5,12 +5,7 @@ a client that disconnects mid-stream, and greedy identity with `specdec run`."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from serve_process import ServerProcess
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -28,64 +24,6 @@ SECOND_KEY = "another-client"  # a second --api-key: its own history, its own ca
 CTX = 32768
 LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on for 6000+ tokens
 LONG_CHAT = "one two three four"  # chat, greedy: ~1500 tokens before it stops
-
-
-class ServerProcess:
-    """`python -m specdec_cli serve` on a free port; stderr collected line by line."""
-
-    def __init__(self, *args: str, home: Path | None) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if home is not None:
-            env["SPECDEC_HOME"] = str(home)
-        env.pop("SPECDEC_API_KEY", None)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._listening = threading.Event()
-        self.url = ""
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self._listening.wait(300):
-            self.stop()
-            pytest.fail("the server did not start:\n" + "\n".join(self.lines))
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-            found = re.search(r"listening on (http://\S+)", line)
-            if found:
-                self.url = found.group(1)
-                self._listening.set()
-        self._listening.set()  # the process ended: stop waiting
-
-    def log(self) -> list[dict]:
-        """The --json-log lines so far."""
-        return [json.loads(line) for line in self.lines if line.startswith("{")]
-
-    def wait_for_log(self, predicate, timeout: float = 30.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [record for record in self.log() if predicate(record)]
-            if found:
-                return found[-1]
-            time.sleep(0.05)
-        raise AssertionError("no such log line:\n" + "\n".join(self.lines))
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """Ctrl-C, as a user stops it; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError("the server did not stop within the timeout") from None
 
 
 @pytest.fixture(scope="module")

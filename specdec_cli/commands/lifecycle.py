@@ -4,17 +4,28 @@ machine), and when the command ends write back the decode costs it learned."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..decoding.costs import CostModel
+from ..decoding.costs import CostModel, shared_pass_costs
 from ..decoding.drafters import Drafter
-from ..decoding.modes import costs_of
+from ..decoding.modes import DrafterMode, build_drafter, costs_of
+from ..errors import SpecdecError
 from ..models.loading import ModelLoader, ModelPair, fit_context, load_models, load_with_llama_cpp
+from ..models.rounds import Rounds, SharedContexts
 from ..request import DecodeRequest
 from .cost_cache import remember_costs
 from .drafting import drafter_for
+
+
+@dataclass
+class Slot:
+    """A pair that answers one request at a time beside others (LoadedPair.slots)."""
+
+    pair: ModelPair
+    drafter: Drafter | None
+    rounds: Rounds | None  # the passes it shares with the other slots; None: its own
 
 
 @dataclass
@@ -35,6 +46,37 @@ class LoadedPair:
     def costs(self) -> CostModel | None:
         """The planner's decode costs as they stand (adaptive modes), else None."""
         return costs_of(self.drafter)
+
+    def slots(self, n: int) -> list[Slot]:
+        """`n` pairs that answer requests side by side (serve --parallel): the target's
+        context split into `n` sequences whose generated rows share each pass (rounds.py),
+        and for each a drafter on its own context of the drafter's weights, starting from the
+        costs this pair measured. One slot is the pair itself."""
+        if n == 1:
+            return [Slot(self.pair, self.drafter, None)]
+        target, draft_model = self.pair.target, self.pair.drafter
+        if not isinstance(target, SharedContexts):
+            raise SpecdecError("this backend cannot answer requests side by side.")
+        by_text = self.pair.drafts_by_text(draft_model)
+        slots = []
+        for view in target.split(n):
+            rounds = view.rounds  # type: ignore[attr-defined]
+            pair = ModelPair(view, None, self.pair.costs)
+            if isinstance(draft_model, SharedContexts):
+                pair.add_drafter(draft_model.sibling(rounds.turn), by_text)
+            drafter = self._slot_drafter(pair, by_text, view.rows_alongside)  # type: ignore[attr-defined]
+            slots.append(Slot(pair, drafter, rounds))
+        return slots
+
+    def _slot_drafter(
+        self, pair: ModelPair, by_text: bool, rows_alongside: Callable[[], int]
+    ) -> Drafter | None:
+        mode = self.request.drafter_mode
+        if self.drafter is None or mode == DrafterMode.NONE:
+            return None
+        costs = self.costs
+        priced = None if costs is None else shared_pass_costs(costs, rows_alongside)
+        return build_drafter(mode, pair.target, pair.drafter, priced, by_text)
 
     def remember_costs(self) -> None:
         """The next command on this pair starts from what this one measured."""

@@ -1,12 +1,15 @@
-"""The one thread that owns the models. Requests wait in a bounded queue and run one at a
-time, in arrival order (llama.cpp contexts are not re-entrant).
+"""The threads that own the models. Requests wait in a bounded queue and are handed, in
+arrival order, to the slots (`serve --parallel N`, one by default): each slot answers one
+request at a time, on its own KV sequences; the slots' generated rows share each target
+pass (models/rounds.py), and each answer stays the one it would get alone.
 
 The async side hands over a `Job` and reads what the model thread posts to it: `Started` once
 the prompt is tokenised and fits, then text deltas (str), then the `Answer`; or `Failed`.
 A job whose client went away is cancelled: the model thread checks between engine events and
-stops iterating, which is all it takes to stop the engine.
+stops iterating, which is all it takes to stop the engine (and free the slot).
 
-Both models' KV caches are kept between requests. `logits_for_suffix` compares each new
+Each slot's KV caches are kept between requests, and a request goes to the idle slot its
+owner used last. `logits_for_suffix` compares each new
 prompt with what a cache holds and decodes only the rest, so a chat client resending the
 whole conversation pays only for the new turn. Unlike `chat.py`, the prompt is always
 tokenised afresh from the request: the answer to a request must not depend on which
@@ -16,6 +19,8 @@ requests came before it (they may be another client's).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import queue
 import sys
 import threading
@@ -23,9 +28,9 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from ..commands.lifecycle import Slot
 from ..commands.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
-from ..decoding.backend import encode_chat
-from ..decoding.drafters import Drafter
+from ..decoding.backend import Backend, encode_chat
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
@@ -59,6 +64,10 @@ class ServeError(Exception):
 
 def shutting_down() -> ServeError:
     return ServeError(Failure.SHUTTING_DOWN, "The server is shutting down.")
+
+
+def client_gone() -> ServeError:
+    return ServeError(Failure.CLIENT_GONE, "The client closed the request.")
 
 
 def bad_prompt(message: str, param: str | None = None) -> ServeError:
@@ -141,11 +150,25 @@ class Job:
             self.cancel()
 
 
+@dataclass(eq=False)
+class _SlotState:
+    """A slot's thread and what it holds: its job, and whose KV caches it keeps."""
+
+    index: int  # the slot's sequence in the shared context
+    slot: Slot
+    inbox: queue.Queue[Job | None]
+    job: Job | None = None
+    cache_owner: str | None = None
+    last_used: int = 0  # when it last took a job (a count)
+
+
 class ModelThread:
+    """The model threads: one per slot, each answering one request at a time, and one that
+    hands the queue's requests to idle slots in arrival order."""
+
     def __init__(
         self,
-        pair: ModelPair,
-        drafter: Drafter | None,
+        slots: list[Slot],
         *,
         max_queue: int,
         history_tokens: int = 0,
@@ -154,77 +177,148 @@ class ModelThread:
         tokens, are what the drafter drafts from for that owner's requests (0: none). One
         owner's text is never drafted into another's answers, and neither is the KV cache
         one left behind reused for another (its `cached_tokens` would tell)."""
-        self.pair = pair
-        self.drafter = drafter
         self.history_tokens = history_tokens
         self.histories: dict[str | None, HistoryIndex] = {}
-        self._cache_owner: str | None = None
+        self._histories_lock = threading.Lock()
         self.max_queue = max_queue
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self._current: Job | None = None
+        self._waiting_jobs: collections.deque[Job] = collections.deque()  # see `submit`
+        self._slots = [_SlotState(i, slot, queue.Queue()) for i, slot in enumerate(slots)]
+        self._slot_changed = threading.Condition()
+        self._handed_out = 0
         self._closed = False
         self.received = 0  # jobs accepted since the start
-        self._thread = threading.Thread(target=self._serve, name="specdec-models", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._dispatch, name="specdec-dispatch", daemon=True),
+            *(
+                threading.Thread(
+                    target=self._serve, args=(state,), name=f"specdec-slot-{i}", daemon=True
+                )
+                for i, state in enumerate(self._slots)
+            ),
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def shared_passes(self) -> dict | None:
+        """How the slots' rows shared the target's passes (None with one slot)."""
+        rounds = self._slots[0].slot.rounds
+        if rounds is None:
+            return None
+        stats = rounds.stats
+        return {
+            "passes": stats.rounds,
+            "rows": stats.rows,
+            "requests_per_pass": round(stats.parts / stats.rounds, 3) if stats.rounds else 0,
+            "most_requests_in_a_pass": stats.largest,
+        }
+
+    @property
+    def pairs(self) -> list[ModelPair]:
+        """Each slot's models."""
+        return [state.slot.pair for state in self._slots]
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(state.job is not None for state in self._slots)
 
     @property
     def busy(self) -> bool:
-        return self._current is not None
+        return self.busy_slots > 0
 
     @property
     def queued(self) -> int:
-        return self._jobs.qsize()
+        return len(self._waiting_jobs)
 
     def submit(self, job: Job) -> None:
-        if self._closed:
-            raise shutting_down()
-        try:
-            self._jobs.put_nowait(job)
+        """Queue a job. Past --max-queue jobs that must wait for a slot, a 503 (those the
+        idle slots are about to take do not count)."""
+        with self._slot_changed:
+            if self._closed:
+                raise shutting_down()
+            idle = sum(state.job is None for state in self._slots)
+            if len(self._waiting_jobs) >= self.max_queue + idle:
+                raise ServeError(
+                    Failure.QUEUE_FULL,
+                    f"The server is busy: {self.max_queue} requests are already waiting. "
+                    "Retry shortly.",
+                )
+            self._waiting_jobs.append(job)
             self.received += 1
-        except queue.Full:
-            raise ServeError(
-                Failure.QUEUE_FULL,
-                f"The server is busy: {self.max_queue} requests are already waiting. "
-                "Retry shortly.",
-            ) from None
+            self._slot_changed.notify_all()
 
     def stop_all(self) -> None:
-        """Cancel the running job and every waiting one (the server is shutting down)."""
-        self._closed = True
-        current = self._current
-        if current is not None:
-            current.cancel()
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-                job.post(Failed(shutting_down()))
+        """Cancel the running jobs and every waiting one (the server is shutting down)."""
+        with self._slot_changed:
+            self._closed = True
+            waiting, self._waiting_jobs = list(self._waiting_jobs), collections.deque()
+            running = [state.job for state in self._slots if state.job is not None]
+            self._slot_changed.notify_all()
+        for job in running:
+            job.cancel()
+        for job in waiting:
+            job.cancel()
+            job.post(Failed(shutting_down()))
 
     def close(self, timeout: float = 10.0) -> None:
         self.stop_all()
-        if self._thread.is_alive():
-            self._jobs.put(None)
-            self._thread.join(timeout)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout)
 
-    # -- the models thread -------------------------------------------------------------------
+    # -- handing out -------------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _dispatch(self) -> None:
+        """Hands the oldest waiting job to an idle slot, as soon as there are both."""
+        while (handed := self._next_job_and_slot()) is not None:
+            job, state = handed
+            state.inbox.put(job)
+        for state in self._slots:
+            state.inbox.put(None)
+
+    def _next_job_and_slot(self) -> tuple[Job, _SlotState] | None:
+        """The oldest waiting job (one whose client left gets its answer here), and the
+        idle slot for it: the one whose caches the job's owner left, most recently used (a
+        resent conversation finds its prefix there), else the one idle longest. None once
+        the server stops."""
+        with self._slot_changed:
+            while True:
+                idle = [state for state in self._slots if state.job is None]
+                if self._closed:
+                    return None
+                if idle and self._waiting_jobs:
+                    job = self._waiting_jobs.popleft()
+                    if not job.cancelled:
+                        break
+                    job.post(
+                        Failed(ServeError(Failure.CLIENT_GONE, "The client closed the request."))
+                    )
+                    continue
+                self._slot_changed.wait()
+            own = [state for state in idle if state.cache_owner == job.owner]
+            if own:
+                state = max(own, key=lambda s: s.last_used)
+            else:
+                state = min(idle, key=lambda s: s.last_used)
+            self._handed_out += 1
+            state.job, state.last_used = job, self._handed_out
+            return job, state
+
+    # -- a slot's thread ---------------------------------------------------------------------
+
+    def _serve(self, state: _SlotState) -> None:
         while True:
-            job = self._jobs.get()
+            job = state.inbox.get()
             if job is None:
                 return
-            if job.cancelled:  # its client left while it waited
-                job.post(Failed(ServeError(Failure.CLIENT_GONE, "The client closed the request.")))
-                continue
-            self._current = job
             clean, failure = True, None
             try:
-                self._run(job)
+                self._run(job, state)
             except ServeError as error:
                 failure = error
             except SpecdecError as error:  # not the request's doing: it was checked before
@@ -233,30 +327,33 @@ class ModelThread:
                 traceback.print_exc(file=sys.stderr)
                 message = f"Internal error: {type(error).__name__}: {error}"
                 clean, failure = False, ServeError(Failure.INTERNAL, message)
-            self._settle_caches(clean)  # before the client hears back: the next job may be its
-            self._current = None
+            # before the client hears back: the next job may be its
+            _settle_caches(state.slot.pair, clean)
+            with self._slot_changed:
+                state.job = None
+                self._slot_changed.notify_all()
             if failure is not None:
                 job.post(Failed(failure))
 
     def history_of(self, owner: str | None) -> HistoryIndex | None:
         if self.history_tokens <= 0:
             return None
-        if owner not in self.histories:
-            self.histories[owner] = HistoryIndex(self.history_tokens)
-        return self.histories[owner]
+        with self._histories_lock:
+            if owner not in self.histories:
+                self.histories[owner] = HistoryIndex(self.history_tokens)
+            return self.histories[owner]
 
-    def _hand_over_caches(self, owner: str | None) -> None:
-        """Another owner's request starts from empty caches."""
-        if owner != self._cache_owner:
-            self.pair.reset()
-            self._cache_owner = owner
-
-    def _run(self, job: Job) -> None:
-        target = self.pair.target
-        self._hand_over_caches(job.owner)
+    def _run(self, job: Job, state: _SlotState) -> None:
+        if job.cancelled:  # its client left before a slot was free
+            raise client_gone()
+        pair, drafter = state.slot.pair, state.slot.drafter
+        target = pair.target
+        if job.owner != state.cache_owner:  # another owner's request starts from empty caches
+            pair.reset()
+            state.cache_owner = job.owner
         history = self.history_of(job.owner)
-        use_history(self.drafter, history)
-        prompt = self._tokens(job.prompt)
+        use_history(drafter, history)
+        prompt = _tokens(target, job.prompt)
         try:
             check_prompt_fits(prompt, target.n_ctx)
         except SpecdecError as error:
@@ -266,52 +363,61 @@ class ModelThread:
         if job.prediction:  # tokenised as run does it (prompting.py)
             settings = replace(settings, prediction=prediction_tokens(target, job.prediction))
         cached = target.prompt_reuse(prompt)
-        drafter = self.drafter if settings.draft_max > 0 else None
         try:
-            generation = Generation(target, prompt, settings, drafter=drafter)
+            generation = Generation(
+                target, prompt, settings, drafter=drafter if settings.draft_max > 0 else None
+            )
         except StructureError as error:  # the grammar does not parse: before any answer
             raise bad_prompt(str(error)) from None
         job.post(Started(len(prompt), cached))
-
-        events = generation.events()
-        finished: Finished | None = None
-        try:
-            for event in events:
-                if job.cancelled:  # the client went away: stop here, between two rounds
-                    break
-                if isinstance(event, Piece) and event.text:
-                    job.post(event.text)
-                elif isinstance(event, Finished):
-                    finished = event
-        finally:
-            events.close()
+        rounds = state.slot.rounds
+        with rounds.taking_part(state.index) if rounds else contextlib.nullcontext():
+            finished = _follow(generation, job)
         if finished is not None and history is not None:
-            history.add_turn(prompt, finished.tokens)  # a resent conversation: its new part
+            with self._histories_lock:  # a resent conversation: its new part
+                history.add_turn(prompt, finished.tokens)
         job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
 
-    def _tokens(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
-        target = self.pair.target
-        if isinstance(prompt, TextPrompt):
-            tokens = prompt_tokens(target, prompt.text, system=None, raw=True)
-        else:
-            if target.chat_template() is None:
-                raise bad_prompt(
-                    "This model has no chat template; use /v1/completions with a raw prompt."
-                )
-            try:
-                tokens = encode_chat(target, prompt.messages, prompt.tools)
-            except ChatTemplateError as error:
-                raise bad_prompt(error.message, "messages") from None
-        if not tokens:
-            raise bad_prompt("The prompt is empty.", "prompt")
-        return tokens
 
-    def _settle_caches(self, clean: bool) -> None:
-        """Leave both KV caches matching their token lists. After a clean end they already
-        do (this drops nothing); after an error in the middle of a decode, start over."""
-        for backend in (self.pair.target, self.pair.drafter):
-            if backend is not None:
-                try:
-                    backend.truncate(len(backend.cached) if clean else 0)
-                except RuntimeError:  # llama.cpp refused a partial removal: clear it all
-                    backend.truncate(0)
+def _follow(generation: Generation, job: Job) -> Finished | None:
+    """Post the generation's text to the job; how it finished (None: the client left)."""
+    events = generation.events()
+    try:
+        for event in events:
+            if job.cancelled:  # the client went away: stop here, between two rounds
+                return None
+            if isinstance(event, Piece) and event.text:
+                job.post(event.text)
+            elif isinstance(event, Finished):
+                return event
+    finally:
+        events.close()
+    return None
+
+
+def _tokens(target: Backend, prompt: ChatPrompt | TextPrompt) -> list[int]:
+    if isinstance(prompt, TextPrompt):
+        tokens = prompt_tokens(target, prompt.text, system=None, raw=True)
+    else:
+        if target.chat_template() is None:
+            raise bad_prompt(
+                "This model has no chat template; use /v1/completions with a raw prompt."
+            )
+        try:
+            tokens = encode_chat(target, prompt.messages, prompt.tools)
+        except ChatTemplateError as error:
+            raise bad_prompt(error.message, "messages") from None
+    if not tokens:
+        raise bad_prompt("The prompt is empty.", "prompt")
+    return tokens
+
+
+def _settle_caches(pair: ModelPair, clean: bool) -> None:
+    """Leave both KV caches matching their token lists. After a clean end they already
+    do (this drops nothing); after an error in the middle of a decode, start over."""
+    for backend in (pair.target, pair.drafter):
+        if backend is not None:
+            try:
+                backend.truncate(len(backend.cached) if clean else 0)
+            except RuntimeError:  # llama.cpp refused a partial removal: clear it all
+                backend.truncate(0)

@@ -24,9 +24,8 @@ from rich.console import Console
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import render
-from ..commands.lifecycle import loaded_pair
+from ..commands.lifecycle import Slot, loaded_pair
 from ..commands.tool_calls import template_speaks_tools
-from ..decoding.drafters import Drafter
 from ..decoding.engine import GenerationSettings
 from ..decoding.history import DEFAULT_HISTORY_TOKENS
 from ..errors import SpecdecError
@@ -73,6 +72,7 @@ class ServeOptions:
     json_log: bool = False
     # Earlier prompts and answers kept in memory to draft from (0: none); see README.
     history_tokens: int = DEFAULT_HISTORY_TOKENS
+    parallel: int = 1  # requests answered side by side, their rows sharing each pass
 
 
 @dataclass(frozen=True)
@@ -211,10 +211,14 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def health() -> dict:
         model_thread = state.model_thread
+        shared = model_thread.shared_passes()
         return {
+            **({"shared_passes": shared} if shared is not None else {}),
             "status": "ok",
             "model": state.model_id,
             "busy": model_thread.busy,
+            "slots": model_thread.slots,
+            "busy_slots": model_thread.busy_slots,
             "queued": model_thread.queued,
             "max_queue": model_thread.max_queue,
             "received": model_thread.received,
@@ -431,6 +435,10 @@ async def _events(
                 delta = shape.delta(ids, message, with_usage)
                 if delta is not None:  # a tool call's text is held back
                     yield _sse(delta)
+                # Writing does not yield to the event loop, and pieces already waiting are
+                # read without it: let it run, so a client that left is noticed now rather
+                # than after every waiting piece was written to a closed socket.
+                await asyncio.sleep(0)
                 continue
             ended = True
             error = api_error(message.error) if isinstance(message, Failed) else None
@@ -524,21 +532,22 @@ def serve(
         loading = console.status("loading models…", spinner="dots")
         with loading if console.is_terminal else contextlib.nullcontext():
             loaded = lifetime.enter_context(loaded_pair(request.decode, loader))
-            drafter = loaded.prepare(SERVE_CONTEXT)
-        return _run_server(request, loaded.pair, drafter, sock, console, on_listening)
+            loaded.prepare(SERVE_CONTEXT)
+            slots = loaded.slots(options.parallel)
+        return _run_server(request, loaded.pair, slots, sock, console, on_listening)
 
 
 def _run_server(
     request: ServeRequest,
     pair: ModelPair,
-    drafter: Drafter | None,
+    slots: list[Slot],
     sock: socket.socket,
     console: Console,
     on_listening: Callable[[Listening], None] | None,
 ) -> int:
     options = request.options
     model_thread = ModelThread(
-        pair, drafter, max_queue=options.max_queue, history_tokens=options.history_tokens
+        slots, max_queue=options.max_queue, history_tokens=options.history_tokens
     )
     log = RequestLog(sys.stderr, json_lines=options.json_log)
     state = ServerState(
