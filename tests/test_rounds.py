@@ -141,3 +141,44 @@ def test_a_sequence_cannot_wait_for_two_rounds_at_once():
         rounds.submit(0, [2])
     rounds.leave(1)
     waiting.join()
+
+
+def test_a_turn_waiting_beside_rounds_that_are_always_ready_gets_the_next_one():
+    # Two sequences generate without pause; a prompt's chunk asks for a turn while their
+    # round runs. Once it ends the chunk goes, before their next round, however fast they
+    # hand in their next rows.
+    order: list[str] = []
+    in_round, release = threading.Event(), threading.Event()
+
+    def first_round_waits(parts: list[Part]) -> None:
+        order.append("round")
+        if len(order) == 1:
+            in_round.set()
+            release.wait()
+        FakePass()(parts)
+
+    rounds = Rounds(first_round_waits)
+    rounds.join(0)
+    rounds.join(1)
+
+    def generate(seq: int) -> None:
+        for token in range(3):
+            rounds.submit(seq, [token])
+        rounds.leave(seq)
+
+    def prompt_chunk() -> None:
+        with rounds.turn():
+            order.append("turn")
+
+    generating = [threading.Thread(target=generate, args=(seq,)) for seq in (0, 1)]
+    for thread in generating:
+        thread.start()
+    assert in_round.wait(60)
+    chunk = threading.Thread(target=prompt_chunk)
+    chunk.start()
+    with rounds._changed:
+        rounds._changed.wait_for(lambda: rounds._turns_waiting == 1, timeout=60)
+    release.set()
+    for thread in (*generating, chunk):
+        thread.join()
+    assert order == ["round", "turn", "round", "round"]

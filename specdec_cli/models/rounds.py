@@ -59,6 +59,7 @@ class Rounds:
         self._changed = threading.Condition()
         self._busy = False  # a decode is running on the context
         self._turns_waiting = 0
+        self._last_was_round = False
         self._generating: set[int] = set()  # sequences that take part in rounds
         self._waiting: dict[int, Part] = {}  # their rows for the next round
         self._alongside: dict[int, int] = {}  # each sequence's: others' rows in its last round
@@ -99,13 +100,19 @@ class Rounds:
         """Under the lock: wait until the round holding `part` has run (None), or until it
         is ready to run and nobody else runs it: then this thread runs it (its parts)."""
         while not part.done:
-            if not self._busy and self._round_ready():
+            if not self._busy and self._round_ready() and not self._turn_is_due():
                 batch = [self._waiting[seq] for seq in sorted(self._waiting)]
                 self._waiting.clear()
                 self._busy = True
                 return batch
             self._changed.wait()
         return None
+
+    def _turn_is_due(self) -> bool:
+        """A turn waits and a round ran last: the turn goes next. Rounds and turns that
+        both wait alternate, so a prompt being decoded is not starved by rounds that are
+        ready again as soon as one ends (nor the rounds by its chunks)."""
+        return self._turns_waiting > 0 and self._last_was_round
 
     def _round_ready(self) -> bool:
         return bool(self._waiting) and self._generating <= self._waiting.keys()
@@ -119,6 +126,7 @@ class Rounds:
         finally:
             rows = sum(len(part.tokens) for part in batch)
             with self._changed:
+                self._last_was_round = True
                 self.stats.add(len(batch), rows)
                 for part in batch:
                     self._alongside[part.seq] = rows - len(part.tokens)
@@ -156,11 +164,11 @@ class Rounds:
     @contextmanager
     def turn(self) -> Iterator[None]:
         """The context (and the cores) for one decode outside the rounds, once no decode
-        runs and no round is ready."""
+        runs; a round that is ready goes first, unless the last decode was a round."""
         with self._changed:
             self._turns_waiting += 1
             self._changed.notify_all()
-            while self._busy or self._round_ready():
+            while self._busy or (self._round_ready() and not self._last_was_round):
                 self._changed.wait()
             self._turns_waiting -= 1
             self._busy = True
@@ -170,6 +178,7 @@ class Rounds:
         finally:
             with self._changed:
                 self._busy = False
+                self._last_was_round = False
                 self._changed.notify_all()
 
 
