@@ -281,3 +281,53 @@ def test_a_slot_whose_generation_fails_leaves_the_others_answers_whole(tiny_mode
     finally:
         models.close()
         owner.close()
+
+
+# ---- the real pair --------------------------------------------------------------------------
+
+REAL_QUESTIONS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "What does HTTP status 404 mean? One sentence.",
+    "Give a JSON object with keys name and age for a 30-year-old called Ada.",
+    "Name three sorting algorithms.",
+]
+
+
+@pytest.mark.slow
+def test_four_clients_at_once_on_the_real_pair_get_their_specdec_run_answers(
+    shared_model_cache,
+):
+    """The default pair (SmolLM2 drafting for Qwen by text, combined mode), four slots:
+    greedy and seeded answers equal `specdec run`'s, each alone."""
+    from specdec_cli.models.resolve import resolve_model
+
+    models = ("--target", str(resolve_model("large").path), "--draft", "tiny")
+    settings = ("--ctx-size", "2048", "-n", "48")
+    server = ServerProcess(*models, *settings, "--parallel", "4", home=None)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        for sampling, run_flags in (
+            ({"temperature": 0}, ()),
+            ({"temperature": 0.8, "seed": 3}, ("--temp", "0.8", "--seed", "3")),
+        ):
+            answers: dict[int, str] = {}
+
+            def ask(i: int, sampling: dict = sampling, answers: dict = answers) -> None:
+                response = client.chat.completions.create(
+                    model="large",
+                    messages=[{"role": "user", "content": REAL_QUESTIONS[i]}],
+                    **sampling,
+                )
+                answers[i] = response.choices[0].message.content or ""
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert health(server)["shared_passes"]["most_requests_in_a_pass"] >= 2
+            for i, question in enumerate(REAL_QUESTIONS):
+                alone = run_json(question, *models, *settings, *run_flags)
+                assert answers[i] == alone["text"], question
+    finally:
+        assert server.stop() == 0, "\n".join(server.lines)
