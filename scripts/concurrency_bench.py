@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+STREAM = True  # --no-stream: whole answers (no steady rate, but no client work per token)
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "specdec_cli" / "bench" / "prompts" / "suite.yaml"
 
@@ -86,6 +87,8 @@ def ask(
     }
     if temp > 0:
         body["seed"] = seed
+    if not STREAM:
+        return ask_whole(url, body)
     started = time.perf_counter()
     first, pieces, tokens, chunks, specdec = 0.0, [], 0, [], {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1200) as r:
@@ -109,6 +112,21 @@ def ask(
     result = Result("".join(pieces), tokens, started, first or ended, ended, chunks)
     result.drafted = specdec.get("drafted", 0)
     result.passes = specdec.get("target_passes", 0)
+    return result
+
+
+def ask_whole(url: str, body: dict) -> Result:
+    """One JSON answer (--no-stream): the client does no work per token."""
+    started = time.perf_counter()
+    body = {**body, "stream": False}
+    del body["stream_options"]
+    answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=1200).json()
+    ended = time.perf_counter()
+    usage = answer["usage"]
+    text = answer["choices"][0]["message"]["content"]
+    result = Result(text, usage["completion_tokens"], started, ended, ended, [])
+    result.drafted = usage.get("specdec", {}).get("drafted", 0)
+    result.passes = usage.get("specdec", {}).get("target_passes", 0)
     return result
 
 
@@ -199,8 +217,10 @@ def run(url: str, options: argparse.Namespace) -> dict:
         entry["wall_vs_one_client"] = round(
             entry["wall_tokens_per_s"] / one_client["wall_tokens_per_s"], 2
         )
-        entry["steady_vs_one_client"] = round(
-            entry["steady_tokens_per_s"] / one_client["steady_tokens_per_s"], 2
+        entry["steady_vs_one_client"] = (
+            round(entry["steady_tokens_per_s"] / one_client["steady_tokens_per_s"], 2)
+            if STREAM
+            else None
         )
         report["clients"][count] = entry
     report["solo_wall_tokens_per_s"] = round(solo_wall, 2)
@@ -252,8 +272,11 @@ def main() -> None:
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--short", action="store_true")
+    parser.add_argument("--no-stream", action="store_true", help="whole answers: wall only")
     parser.add_argument("serve_args", nargs="*", help="after --: specdec serve's options")
     options = parser.parse_args()
+    global STREAM
+    STREAM = not options.no_stream
     process = None
     url = options.url
     if url is None:
