@@ -29,6 +29,7 @@ PROMPTS = [
     "a b c d e f g a b c d e f g a b c",
     "the dog ran over the hill",
 ]
+EVERY = tuple(range(len(PROMPTS)))
 GREEDY = GenerationSettings(max_tokens=40, draft_max=6)
 SEEDED = GenerationSettings(
     max_tokens=40, draft_max=6, sampling=SamplingSettings(temperature=0.9), seed=11
@@ -72,14 +73,20 @@ def alone(path, text: str, settings: GenerationSettings, exact: bool):
         backend.inner.close()
 
 
-def side_by_side(path, settings: GenerationSettings, exact: bool):
-    """Every prompt at once on a context split four ways: (finished, logits rows) each, and
-    the rounds' statistics."""
+def side_by_side(path, settings: GenerationSettings, exact: bool, taking_part=EVERY, idle=()):
+    """The prompts of the sequences `taking_part` at once on a context split four ways:
+    (finished, logits rows) each, and the rounds' statistics. The `idle` sequences first
+    decode their prompt and then wait, a slot keeping an earlier request's cache; after the
+    others, each generates from it: (finished, rows) too."""
     owner = LlamaBackend(path, n_ctx=512, n_threads=1, exact=exact)
     views = owner.split(len(PROMPTS))
     rounds = views[0].rounds
     assert rounds is not None
-    everyone_in = threading.Barrier(len(PROMPTS))
+    waiting = {seq: Recording(views[seq]) for seq in idle}
+    prompts = {seq: views[seq].tokenize(PROMPTS[seq], add_special=True) for seq in idle}
+    for seq, view in waiting.items():
+        view.decode(prompts[seq], 1, prompt=True)
+    everyone_in = threading.Barrier(len(taking_part))
     results: dict[int, tuple] = {}
     errors: list[BaseException] = []
 
@@ -94,15 +101,17 @@ def side_by_side(path, settings: GenerationSettings, exact: bool):
             errors.append(error)
             everyone_in.abort()
 
-    threads = [threading.Thread(target=answer, args=(seq,)) for seq in range(len(PROMPTS))]
+    threads = [threading.Thread(target=answer, args=(seq,)) for seq in taking_part]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    for seq, view in waiting.items():
+        results[seq] = (Generation(view, prompts[seq], settings).run(), view.rows)
     owner.close()
     if errors:
         raise errors[0]
-    return [results[seq] for seq in range(len(PROMPTS))], rounds.stats
+    return [results[seq] for seq in sorted(results)], rounds.stats
 
 
 @pytest.mark.parametrize("settings", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -115,6 +124,30 @@ def test_four_requests_side_by_side_answer_as_each_alone(tiny_models, settings):
         assert finished.tokens == solo.tokens
         assert len(rows) == len(solo_rows)
         assert all(np.array_equal(a, b) for a, b in zip(rows, solo_rows, strict=True))
+
+
+def test_sequences_with_idle_ones_between_them_answer_as_alone_and_leave_those_whole(
+    tiny_models,
+):
+    # 0 and 3 share rounds; 1 and 2 (a slot keeping a cache, and one never used) get the
+    # padding rows that keep the round one graph compute, removed again.
+    together, stats = side_by_side(
+        tiny_models.target, GREEDY, exact=True, taking_part=(0, 3), idle=(1,)
+    )
+    assert stats.largest == 2
+    for seq, (finished, rows) in zip((0, 3), (together[0], together[2]), strict=True):
+        solo, solo_rows = alone(tiny_models.target, PROMPTS[seq], GREEDY, exact=True)
+        assert finished.tokens == solo.tokens, seq
+        assert all(np.array_equal(a, b) for a, b in zip(rows, solo_rows, strict=True))
+    # The idle one, as the same calls on a backend of its own.
+    backend = Recording(LlamaBackend(tiny_models.target, n_ctx=512, n_threads=1, exact=True))
+    prompt = backend.tokenize(PROMPTS[1], add_special=True)
+    backend.decode(prompt, 1, prompt=True)
+    solo = Generation(backend, prompt, GREEDY).run()
+    backend.inner.close()
+    finished, rows = together[1]
+    assert finished.tokens == solo.tokens
+    assert all(np.array_equal(a, b) for a, b in zip(rows, backend.rows, strict=True))
 
 
 def test_the_control_llama_cpps_own_kernels_part_from_the_solo_logits(tiny_models):

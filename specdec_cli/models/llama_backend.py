@@ -268,38 +268,54 @@ class LlamaBackend:
 
     def _decode_round(self, parts: list[Part]) -> None:
         """Every part's rows in one llama_decode, sequence after sequence, each padded to the
-        longest with rows whose logits nobody reads (removed afterwards)."""
+        longest with rows whose logits nobody reads (removed afterwards). llama.cpp puts only
+        consecutive sequences in one graph compute (a non-unified cache): a sequence between
+        two of the round's that has none of its own gets padding rows too (sequences 0 and 2
+        alone cost two computes, 2.0x one row, on the Zen 5; with 1's padding, one)."""
         width = max(len(part.tokens) for part in parts)
-        if width * len(parts) > self.n_batch:
-            raise ValueError(f"{len(parts)} x {width} rows do not fit a batch of {self.n_batch}")
-        views = [self._views[part.seq] for part in parts]
-        n = width * len(parts)
-        for i, (part, view) in enumerate(zip(parts, views, strict=True)):
+        lanes = self._round_lanes(parts, width)
+        if width * len(lanes) > self.n_batch:
+            raise ValueError(f"{len(lanes)} x {width} rows do not fit a batch of {self.n_batch}")
+        filler = parts[0].tokens[-1]
+        for i, (view, part) in enumerate(lanes):
             rows = slice(i * width, (i + 1) * width)
-            real = len(part.tokens)
+            tokens = list(part.tokens) if part is not None else []
             base = len(view.cached)
-            self._batch_token[rows] = [*part.tokens, *[part.tokens[-1]] * (width - real)]
+            self._batch_token[rows] = [*tokens, *[filler] * (width - len(tokens))]
             self._batch_pos[rows] = np.arange(base, base + width)
-            self._batch_logits[rows] = [1] * real + [0] * (width - real)
+            self._batch_logits[rows] = [1] * len(tokens) + [0] * (width - len(tokens))
             for row in range(i * width, (i + 1) * width):
-                self._batch.seq_id[row][0] = part.seq
+                self._batch.seq_id[row][0] = view._seq
+        n = width * len(lanes)
         self._batch.n_tokens = n
         if _set_invariant_rows is not None:  # every row of the round, invariant
             _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if self.exact else 0)
         status = llama_cpp.llama_decode(self._ctx, self._batch)
-        for i, (part, view) in enumerate(zip(parts, views, strict=True)):
-            base = len(view.cached)
-            if status != 0:
-                llama_cpp.llama_memory_seq_rm(self._memory, part.seq, base, -1)
-                continue
-            real = len(part.tokens)
-            llama_cpp.llama_memory_seq_rm(self._memory, part.seq, base + real, -1)  # padding
-            part.logits = np.stack([self._output_row(i * width + row) for row in range(real)])
-            view.cached.extend(part.tokens)
-            view.tokens_decoded += real
-            view.decode_calls += 1
+        for i, (view, part) in enumerate(lanes):
+            real = 0 if part is None or status != 0 else len(part.tokens)
+            llama_cpp.llama_memory_seq_rm(self._memory, view._seq, len(view.cached) + real, -1)
+            if real:
+                assert part is not None
+                part.logits = np.stack([self._output_row(i * width + r) for r in range(real)])
+                view.cached.extend(part.tokens)
+                view.tokens_decoded += real
+                view.decode_calls += 1
         if status != 0:
-            raise decode_failure(status, min(len(v.cached) for v in views), self.n_ctx)
+            position = min(len(view.cached) for view, _ in lanes)
+            raise decode_failure(status, position, self.n_ctx)
+
+    def _round_lanes(self, parts: list[Part], width: int) -> list[tuple[LlamaBackend, Part | None]]:
+        """The round's sequences in order: each part's, and padding for the sequences
+        between them that have room for it."""
+        by_seq = {part.seq: part for part in parts}
+        lanes: list[tuple[LlamaBackend, Part | None]] = []
+        for seq in range(min(by_seq), max(by_seq) + 1):
+            view = self._views[seq]
+            if seq in by_seq:
+                lanes.append((view, by_seq[seq]))
+            elif len(view.cached) + width <= view.n_ctx:
+                lanes.append((view, None))
+        return lanes
 
     def _output_row(self, batch_row: int) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_row)
