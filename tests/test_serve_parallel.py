@@ -331,3 +331,11 @@ def test_four_clients_at_once_on_the_real_pair_get_their_specdec_run_answers(
                 assert answers[i] == alone["text"], question
     finally:
         assert server.stop() == 0, "\n".join(server.lines)
+
+
+def test_parallel_with_rpc_workers_and_out_of_range_are_refused(tiny_models):
+    models = ("--target", str(tiny_models.target), "--no-draft")
+    result = CliRunner().invoke(app, ["serve", *models, "--parallel", "2", "--rpc", "10.0.0.2:1"])
+    assert result.exit_code == 1 and "--parallel with --rpc" in result.output
+    result = CliRunner().invoke(app, ["serve", *models, "-np", "9"])
+    assert result.exit_code == 2 and "--parallel" in result.output
