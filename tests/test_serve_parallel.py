@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.commands.lifecycle import Slot
 from specdec_cli.decoding.engine import Generation, GenerationSettings
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.models.llama_backend import PROMPT_CHUNK, LlamaBackend
 from specdec_cli.models.loading import ModelPair
 from specdec_cli.serve import model_thread
 from specdec_cli.serve.model_thread import Failed, Failure, Job, ModelThread, TextPrompt
@@ -339,3 +339,33 @@ def test_parallel_with_rpc_workers_and_out_of_range_are_refused(tiny_models):
     assert result.exit_code == 1 and "--parallel with --rpc" in result.output
     result = CliRunner().invoke(app, ["serve", *models, "-np", "9"])
     assert result.exit_code == 2 and "--parallel" in result.output
+
+
+def test_a_resent_conversation_goes_to_the_slot_that_holds_its_prefix(tiny_models):
+    owner = LlamaBackend(tiny_models.target, n_ctx=CTX, n_threads=1, exact=True)
+    views = owner.split(3)
+    models = ModelThread(
+        [Slot(ModelPair(view, None), None, view.rounds) for view in views], max_queue=4
+    )
+    models.start()
+    settings = GenerationSettings(max_tokens=8)
+    conversation = "the cat sat on the mat " * 60  # several whole prompt chunks
+
+    async def started_of(prompt: str):
+        job = Job(TextPrompt(prompt), settings, None, asyncio.get_running_loop())
+        models.submit(job)
+        first = await job.next()
+        message = first
+        while not isinstance(message, Answer | Failed):
+            message = await job.next()
+        return first
+
+    try:
+        for prompt in ("one two three", conversation, "a b c d e f"):  # a slot each
+            run_jobs(models, [prompt], settings)
+        # Neither the slot used last nor the one idle longest: the conversation's.
+        resent = asyncio.run(started_of(conversation + " and then"))
+        assert resent.cached_tokens >= PROMPT_CHUNK
+    finally:
+        models.close()
+        owner.close()

@@ -128,6 +128,7 @@ class Job:
         self.settings = settings
         self.prediction = prediction
         self.owner = owner
+        self.tokens: list[int] | None = None  # the prompt's, once tokenised for a slot
         self._loop = loop
         self._messages: asyncio.Queue[Message] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -274,40 +275,56 @@ class ModelThread:
     # -- handing out -------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Hands the oldest waiting job to an idle slot, as soon as there are both."""
-        while (handed := self._next_job_and_slot()) is not None:
-            job, state = handed
-            state.inbox.put(job)
+        """Hands the oldest waiting job to an idle slot, as soon as there are both; its
+        prompt is tokenised here, to choose the slot."""
+        while (job := self._next_job()) is not None:
+            try:
+                job.tokens = _tokens(self._slots[0].slot.pair.target, job.prompt)
+            except ServeError as error:
+                job.post(Failed(error))
+                continue
+            except Exception as error:  # a bug: say so, keep serving
+                traceback.print_exc(file=sys.stderr)
+                message = f"Internal error: {type(error).__name__}: {error}"
+                job.post(Failed(ServeError(Failure.INTERNAL, message)))
+                continue
+            self._slot_for(job, job.tokens).inbox.put(job)
         for state in self._slots:
             state.inbox.put(None)
 
-    def _next_job_and_slot(self) -> tuple[Job, _SlotState] | None:
-        """The oldest waiting job (one whose client left gets its answer here), and the
-        idle slot for it: the one whose caches the job's owner left, most recently used (a
-        resent conversation finds its prefix there), else the one idle longest. None once
-        the server stops."""
+    def _next_job(self) -> Job | None:
+        """The oldest waiting job once a slot is idle (one whose client left gets its
+        answer here); None once the server stops."""
         with self._slot_changed:
             while True:
-                idle = [state for state in self._slots if state.job is None]
                 if self._closed:
                     return None
-                if idle and self._waiting_jobs:
+                if self._waiting_jobs and any(state.job is None for state in self._slots):
                     job = self._waiting_jobs.popleft()
                     if not job.cancelled:
-                        break
-                    job.post(
-                        Failed(ServeError(Failure.CLIENT_GONE, "The client closed the request."))
-                    )
+                        return job
+                    job.post(Failed(client_gone()))
                     continue
                 self._slot_changed.wait()
-            own = [state for state in idle if state.cache_owner == job.owner]
-            if own:
-                state = max(own, key=lambda s: s.last_used)
-            else:
-                state = min(idle, key=lambda s: s.last_used)
+
+    def _slot_for(self, job: Job, prompt: list[int]) -> _SlotState:
+        """The idle slot for the job (one is idle: only this thread hands out jobs): the one
+        whose cache, left by the job's owner, would serve most of its prompt (a resent
+        conversation); else an empty one; else the owner's; else the one idle longest,
+        whose cache is the least likely to be asked for again."""
+
+        def preference(state: _SlotState) -> tuple[int, bool, bool, int]:
+            target = state.slot.pair.target
+            own = state.cache_owner == job.owner
+            reused = target.prompt_reuse(prompt) if own else 0
+            return reused, not target.cached, own, -state.last_used
+
+        with self._slot_changed:
+            idle = [state for state in self._slots if state.job is None]
+            state = max(idle, key=preference)
             self._handed_out += 1
             state.job, state.last_used = job, self._handed_out
-            return job, state
+            return state
 
     # -- a slot's thread ---------------------------------------------------------------------
 
@@ -353,7 +370,7 @@ class ModelThread:
             state.cache_owner = job.owner
         history = self.history_of(job.owner)
         use_history(drafter, history)
-        prompt = _tokens(target, job.prompt)
+        prompt = job.tokens or _tokens(target, job.prompt)
         try:
             check_prompt_fits(prompt, target.n_ctx)
         except SpecdecError as error:
