@@ -792,7 +792,7 @@ def serve(
 
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
-        hardware = shared.hardware()
+        hardware = replace(shared.hardware(), one_decode_thread=True)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )

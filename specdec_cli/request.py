@@ -21,6 +21,9 @@ class HardwareOptions:
     exact: bool = True  # the target decodes small batches with batch-invariant kernels
     rpc: tuple[str, ...] = ()  # workers holding the target's layers (llama.cpp's RPC backend)
     tensor_split: tuple[float, ...] = ()  # each worker's share of them
+    # Every decode on one thread of its own (serve: its slots' threads, and a probe at start,
+    # would each get a team of llama.cpp's OpenMP threads; see llama_backend._DecodeThread).
+    one_decode_thread: bool = False
 
     def placement(self) -> str:
         """Where the models run, for keying what depends on it (decode costs, saved states)."""

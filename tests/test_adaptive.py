@@ -548,9 +548,20 @@ def test_rows_in_a_shared_pass_cost_what_they_add_to_it():
     costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: 3)
     alone = CostModel(ZEN5, 0.0)
     assert costs.verify(5) == pytest.approx(alone.verify(8) - alone.verify(3))
-    assert costs.learn is False  # a shared round's length is not its own rows' cost
     floor = shared_pass_costs(CostModel({1: 1.0, 2: 0.9, 4: 1.3}, 0.0), lambda: 1)
     assert floor.verify(1) == pytest.approx(MIN_ROW_SHARE)  # 2 rows priced below 1
+
+
+def test_shared_costs_learn_only_from_rounds_a_request_has_to_itself():
+    rows_alongside = [3]
+    costs = shared_pass_costs(CostModel({1: 1.0, 8: 3.0}, 0.1), lambda: rows_alongside[0])
+    costs.observe_verify(1, 5.0)  # the whole pass, and the others' drafting: not its cost
+    costs.observe_draft_step(0.5)
+    assert costs.observations(1) == 0 and costs.draft_step == 0.1
+    rows_alongside[0] = 0
+    costs.observe_verify(1, 2.0)
+    costs.observe_draft_step(0.2)
+    assert costs.verify(1) == pytest.approx(2.0) and costs.draft_step == pytest.approx(0.2)
 
 
 def test_drafts_shrink_as_the_pass_fills_with_other_requests_rows():

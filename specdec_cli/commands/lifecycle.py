@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..decoding.adaptive import AdaptiveDrafter
 from ..decoding.costs import CostModel, shared_pass_costs
 from ..decoding.drafters import Drafter
 from ..decoding.modes import DrafterMode, build_drafter, costs_of
@@ -17,6 +18,18 @@ from ..models.rounds import Rounds, SharedContexts
 from ..request import DecodeRequest
 from .cost_cache import remember_costs
 from .drafting import drafter_for
+
+
+def _learn_together(drafters: list[Drafter | None]) -> None:
+    """The slots' planners learn how often drafts are accepted, and how model drafts pay
+    against their plans, from every slot's rounds: one slot sees 1/N of the traffic, and a
+    planner that learned from few answers drafts with the model where it does not pay (a
+    lone request on a 4-slot server ran at 0.85x a 1-slot server's pace until they did).
+    What rows cost stays each slot's own (SharedPassCosts)."""
+    planners = [d for d in drafters if isinstance(d, AdaptiveDrafter)]
+    for planner in planners[1:]:
+        planner.acceptance = planners[0].acceptance
+        planner.model_realism = planners[0].model_realism
 
 
 @dataclass
@@ -66,6 +79,7 @@ class LoadedPair:
                 pair.add_drafter(draft_model.sibling(rounds.turn), by_text)
             drafter = self._slot_drafter(pair, by_text, view.rows_alongside)  # type: ignore[attr-defined]
             slots.append(Slot(pair, drafter, rounds))
+        _learn_together([slot.drafter for slot in slots])
         return slots
 
     def _slot_drafter(

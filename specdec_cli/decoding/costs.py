@@ -148,10 +148,19 @@ class SharedPassCosts(CostModel):
     batch grows: where 4 rows cost 1.6x one, a plain step adds little to a pass, and a
     draft must promise far more than alone to be worth its rows.
 
-    It does not learn (`learn` False): a request's rounds last as long as the others'
-    drafting and the whole pass, which are not the cost of its own rows."""
+    It learns only from rounds it has to itself, as CostModel does: beside others, a
+    round lasts as long as their drafting and the whole pass, which is not the cost of its
+    own rows (a lone request on a multi-slot server plans as on a server of one slot)."""
 
     rows_alongside: Callable[[], int] = _alone
+
+    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        if self.rows_alongside() <= 0:
+            super().observe_verify(n_tokens, seconds)
+
+    def observe_draft_step(self, seconds: float) -> None:
+        if self.rows_alongside() <= 0:
+            super().observe_draft_step(seconds)
 
     def verify(self, n_tokens: int) -> float:
         others = self.rows_alongside()
@@ -167,7 +176,7 @@ def shared_pass_costs(costs: CostModel, rows_alongside: Callable[[], int]) -> Sh
     return SharedPassCosts(
         dict(costs.verify_seconds),
         costs.draft_step,
-        learn=False,
+        learn=costs.learn,
         origin=costs.origin,
         trusted=costs.trusted,
         started_at=costs.started_at,

@@ -13,8 +13,10 @@ import ctypes
 import hashlib
 import json
 import os
+import queue
 import re
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -109,6 +111,53 @@ def rowwise_kernels() -> str:
     the build has none for this CPU, or "absent" in a build without the patch."""
     isa = native_function("ggml_cpu_specdec_rowwise_isa", [], ctypes.c_char_p)
     return "absent" if isa is None else isa().decode()
+
+
+class _DecodeThread:
+    """One thread that runs every llama_decode handed to it. llama.cpp's CPU backend splits
+    each decode over OpenMP threads, and every thread that calls it gets a team of its own:
+    once a second team existed, every decode ran a third slower on the 2-core Zen 5 (64
+    tokens at 40 tok/s from one thread, 27 once another thread had decoded, whichever thread
+    decoded after). A server decodes from several threads (its slots, a probe at start), so
+    it hands every decode to this one (`decode_on_one_thread`)."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="specdec-decode", daemon=True).start()
+
+    def run(self, work: Callable[[], int]) -> int:
+        done = threading.Event()
+        outcome: list = []
+        self._work.put((work, done, outcome))
+        done.wait()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def _serve(self) -> None:
+        while True:
+            work, done, outcome = self._work.get()
+            try:
+                outcome.append(work())
+            except BaseException as error:  # the caller raises it
+                outcome.append(error)
+            done.set()
+
+
+_decode_thread: _DecodeThread | None = None
+
+
+def decode_on_one_thread() -> None:
+    """From now on, every llama_decode in this process runs on one thread (_DecodeThread)."""
+    global _decode_thread
+    if _decode_thread is None:
+        _decode_thread = _DecodeThread()
+
+
+def _llama_decode(ctx, batch) -> int:
+    if _decode_thread is None:
+        return llama_cpp.llama_decode(ctx, batch)
+    return _decode_thread.run(lambda: llama_cpp.llama_decode(ctx, batch))
 
 
 def default_threads() -> int:
@@ -290,7 +339,7 @@ class LlamaBackend:
         self._batch.n_tokens = n
         if _set_invariant_rows is not None:  # every row of the round, invariant
             _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if self.exact else 0)
-        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        status = _llama_decode(self._ctx, self._batch)
         for i, (view, part) in enumerate(lanes):
             real = 0 if part is None or status != 0 else len(part.tokens)
             llama_cpp.llama_memory_seq_rm(self._memory, view._seq, len(view.cached) + real, -1)
@@ -452,7 +501,7 @@ class LlamaBackend:
         with self._turn():  # the context's and the cores' turn, where they are shared
             if _set_invariant_rows is not None:  # one process-wide switch: set for each decode
                 _set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
-            status = llama_cpp.llama_decode(self._ctx, self._batch)
+            status = _llama_decode(self._ctx, self._batch)
             if status != 0:
                 # A failure can leave part of the batch in the KV cache: keep it in step with
                 # `cached`.

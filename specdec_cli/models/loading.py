@@ -63,6 +63,8 @@ def load_with_llama_cpp(
     from . import llama_backend, rpc_devices  # imported late: loading llama.cpp takes a moment
 
     llama_backend.set_verbose(hardware.verbose)
+    if hardware.one_decode_thread:
+        llama_backend.decode_on_one_thread()
     if drafter:
         return llama_backend.LlamaBackend(
             path,
