@@ -539,36 +539,39 @@ def test_a_size_the_table_overprices_is_tried_now_and_then(clock):
 ZEN5 = {1: 31.9, 2: 30.0, 4: 41.7, 8: 70.1, 16: 151.0, 32: 285.0, 64: 521.0}
 
 
-def shared_ngram_drafter(rows_alongside: list[int]) -> AdaptiveDrafter:
-    costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: rows_alongside[0])
+def shared_ngram_drafter(alongside: list[tuple[int, int]]) -> AdaptiveDrafter:
+    costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: alongside[0])
     return AdaptiveDrafter(costs, ngram=NgramDrafter())
 
 
-def test_rows_in_a_shared_pass_cost_what_they_add_to_it():
-    costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: 3)
+def test_rows_in_a_shared_pass_cost_what_they_add_to_it_padding_included():
     alone = CostModel(ZEN5, 0.0)
-    assert costs.verify(5) == pytest.approx(alone.verify(8) - alone.verify(3))
-    floor = shared_pass_costs(CostModel({1: 1.0, 2: 0.9, 4: 1.3}, 0.0), lambda: 1)
+    costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: (3, 1))  # three one-row requests
+    assert costs.verify(1) == pytest.approx(alone.verify(4) - alone.verify(3))
+    # Five rows pad the three others to five: the pass decodes 20 rows instead of 3.
+    assert costs.verify(5) == pytest.approx(alone.verify(20) - alone.verify(3))
+    # Priced as if the others decoded one row each, however wide they were: rows up to
+    # their width would look free, and every pass would stay that wide.
+    wide = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: (3, 6))
+    assert wide.verify(5) == pytest.approx(costs.verify(5))
+    floor = shared_pass_costs(CostModel({1: 1.0, 2: 0.9, 4: 1.3}, 0.0), lambda: (1, 1))
     assert floor.verify(1) == pytest.approx(MIN_ROW_SHARE)  # 2 rows priced below 1
 
 
 def test_shared_costs_learn_only_from_rounds_a_request_has_to_itself():
-    rows_alongside = [3]
-    costs = shared_pass_costs(CostModel({1: 1.0, 8: 3.0}, 0.1), lambda: rows_alongside[0])
+    alongside = [(3, 1)]
+    costs = shared_pass_costs(CostModel({1: 1.0, 8: 3.0}, 0.1), lambda: alongside[0])
     costs.observe_verify(1, 5.0)  # the whole pass, and the others' drafting: not its cost
     costs.observe_draft_step(0.5)
     assert costs.observations(1) == 0 and costs.draft_step == 0.1
-    rows_alongside[0] = 0
+    alongside[0] = (0, 0)
     costs.observe_verify(1, 2.0)
     costs.observe_draft_step(0.2)
     assert costs.verify(1) == pytest.approx(2.0) and costs.draft_step == pytest.approx(0.2)
 
 
 def test_drafts_shrink_as_the_pass_fills_with_other_requests_rows():
-    rows_alongside = [0]
-    drafter = shared_ngram_drafter(rows_alongside)
-    alone = propose(drafter, COPYING, max_tokens=8)
-    rows_alongside[0] = 3  # three other requests decode one token each in the same pass
-    crowded = propose(shared_ngram_drafter(rows_alongside), COPYING, max_tokens=8)
+    alone = propose(shared_ngram_drafter([(0, 0)]), COPYING, max_tokens=8)
+    crowded = propose(shared_ngram_drafter([(3, 1)]), COPYING, max_tokens=8)
     assert alone.source == "ngram" and len(alone.tokens) >= 3
     assert len(crowded.tokens) < len(alone.tokens)

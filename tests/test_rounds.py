@@ -66,7 +66,7 @@ def test_a_round_waits_for_every_sequence_taking_part_and_holds_them_all():
     assert fake.passes == [[(0, [7]), (1, [5, 6])]]  # one pass, sequence after sequence
     assert first.logits is not None and first.logits[:, 0].tolist() == [5, 6]
     assert second.logits is not None and second.logits[:, 0].tolist() == [7]
-    assert rounds.rows_alongside(0) == 2 and rounds.rows_alongside(1) == 1
+    assert rounds.alongside(0) == (1, 2) and rounds.alongside(1) == (1, 1)
     assert rounds.stats.rounds == 1 and rounds.stats.largest == 2 and rounds.stats.rows == 3
 
 
@@ -80,7 +80,7 @@ def test_a_sequence_that_leaves_no_longer_holds_a_round_up():
     rounds.leave(1)  # its request ended (or failed) without another pass
     waiting.join()
     assert fake.passes == [[(0, [1])]]
-    assert rounds.rows_alongside(0) == 0  # alone now
+    assert rounds.alongside(0) == (0, 0)  # alone now
 
 
 def test_a_failed_pass_is_every_part_s_error_and_the_next_round_runs():

@@ -77,19 +77,19 @@ class LoadedPair:
             pair = ModelPair(view, None, self.pair.costs)
             if isinstance(draft_model, SharedContexts):
                 pair.add_drafter(draft_model.sibling(rounds.turn), by_text)
-            drafter = self._slot_drafter(pair, by_text, view.rows_alongside)  # type: ignore[attr-defined]
+            drafter = self._slot_drafter(pair, by_text, view.alongside)  # type: ignore[attr-defined]
             slots.append(Slot(pair, drafter, rounds))
         _learn_together([slot.drafter for slot in slots])
         return slots
 
     def _slot_drafter(
-        self, pair: ModelPair, by_text: bool, rows_alongside: Callable[[], int]
+        self, pair: ModelPair, by_text: bool, alongside: Callable[[], tuple[int, int]]
     ) -> Drafter | None:
         mode = self.request.drafter_mode
         if self.drafter is None or mode == DrafterMode.NONE:
             return None
         costs = self.costs
-        priced = None if costs is None else shared_pass_costs(costs, rows_alongside)
+        priced = None if costs is None else shared_pass_costs(costs, alongside)
         return build_drafter(mode, pair.target, pair.drafter, priced, by_text)
 
     def remember_costs(self) -> None:

@@ -135,43 +135,51 @@ class CostModel:
         }
 
 
-def _alone() -> int:
-    return 0
+def _alone() -> tuple[int, int]:
+    return 0, 0
 
 
 @dataclass
 class SharedPassCosts(CostModel):
     """The costs of a request whose rows share each target pass with other requests' rows
-    (serve --parallel): n rows cost what they add to a pass that holds `rows_alongside()`
-    others, by the table of a pass's cost by its size (a pass of 4 sequences' rows costs
-    what 4 rows of one cost: docs/multi-sequence-exactness.md). So drafts shrink as the
-    batch grows: where 4 rows cost 1.6x one, a plain step adds little to a pass, and a
-    draft must promise far more than alone to be worth its rows.
+    (serve --parallel): n rows cost what they add to the pass, by the table of a pass's
+    cost by its size (a pass of 4 sequences' rows costs what 4 rows of one cost:
+    docs/multi-sequence-exactness.md). `alongside()` says how many other requests share it
+    (and the most rows one of them decodes). Every request's share of a pass is padded to
+    the longest (llama_backend), so n rows beside L others cost (L + 1) x n rows: a row past
+    the first costs a row for every request. Priced as if the others decoded one row each,
+    though they may draft too: rows up to another's width would look free, each request
+    would draft to the widest, and every pass would stay that wide (on the Zen 5, four
+    clients then drafted 1.26 tokens a pass and ran at 0.6x their pace without drafts).
+    Where 4 rows cost 1.7x one, a plain step adds little to a shared pass, and a draft must
+    promise far more than alone to be worth its rows.
 
     It learns only from rounds it has to itself, as CostModel does: beside others, a
     round lasts as long as their drafting and the whole pass, which is not the cost of its
     own rows (a lone request on a multi-slot server plans as on a server of one slot)."""
 
-    rows_alongside: Callable[[], int] = _alone
+    alongside: Callable[[], tuple[int, int]] = _alone
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        if self.rows_alongside() <= 0:
+        if self.alongside()[0] <= 0:
             super().observe_verify(n_tokens, seconds)
 
     def observe_draft_step(self, seconds: float) -> None:
-        if self.rows_alongside() <= 0:
+        if self.alongside()[0] <= 0:
             super().observe_draft_step(seconds)
 
     def verify(self, n_tokens: int) -> float:
-        others = self.rows_alongside()
+        others, _ = self.alongside()
         alone = super().verify
         if others <= 0:
             return alone(n_tokens)
-        added = alone(others + n_tokens) - alone(others)
+        added = alone((others + 1) * n_tokens) - alone(others)
         return max(added, n_tokens * MIN_ROW_SHARE * alone(1))
 
 
-def shared_pass_costs(costs: CostModel, rows_alongside: Callable[[], int]) -> SharedPassCosts:
+def shared_pass_costs(
+    costs: CostModel, alongside: Callable[[], tuple[int, int]]
+) -> SharedPassCosts:
     """`costs`' starting table, priced as SharedPassCosts."""
     return SharedPassCosts(
         dict(costs.verify_seconds),
@@ -180,7 +188,7 @@ def shared_pass_costs(costs: CostModel, rows_alongside: Callable[[], int]) -> Sh
         origin=costs.origin,
         trusted=costs.trusted,
         started_at=costs.started_at,
-        rows_alongside=rows_alongside,
+        alongside=alongside,
     )
 
 

@@ -293,10 +293,10 @@ class LlamaBackend:
         self._children.append(view)
         return view
 
-    def rows_alongside(self) -> int:
-        """Other requests' rows this sequence's next rows will share a pass with (0 for a
-        backend of its own)."""
-        return 0 if self._rounds is None else self._rounds.rows_alongside(self._seq)
+    def alongside(self) -> tuple[int, int]:
+        """The other requests this sequence's next rows will share a pass with: how many,
+        and the most rows one of them decodes ((0, 0) for a backend of its own)."""
+        return (0, 0) if self._rounds is None else self._rounds.alongside(self._seq)
 
     @property
     def rounds(self) -> Rounds | None:

@@ -62,7 +62,8 @@ class Rounds:
         self._last_was_round = False
         self._generating: set[int] = set()  # sequences that take part in rounds
         self._waiting: dict[int, Part] = {}  # their rows for the next round
-        self._alongside: dict[int, int] = {}  # each sequence's: others' rows in its last round
+        # each sequence's last round: how many others were in it, and the most rows of one
+        self._alongside: dict[int, tuple[int, int]] = {}
         self.stats = RoundStats()
 
     @property
@@ -129,19 +130,24 @@ class Rounds:
                 self._last_was_round = True
                 self.stats.add(len(batch), rows)
                 for part in batch:
-                    self._alongside[part.seq] = rows - len(part.tokens)
+                    others = [len(p.tokens) for p in batch if p is not part]
+                    self._alongside[part.seq] = (len(others), max(others, default=0))
                 for part in batch:
                     part.done = True
                 self._busy = False
                 self._changed.notify_all()
 
-    def rows_alongside(self, seq: int) -> int:
-        """How many rows of other requests sequence `seq`'s next rows will share a pass
-        with, as far as can be told: as many as in its last round, and at least one for
-        each other sequence taking part now."""
+    def alongside(self, seq: int) -> tuple[int, int]:
+        """The other requests sequence `seq`'s next rows will share a pass with, as far as
+        can be told: how many (those in its last round, and at least every other sequence
+        taking part now) and the most rows one of them decodes (as in its last round, at
+        least one). (0, 0): alone."""
         with self._changed:
             others = len(self._generating - {seq})
-            return max(self._alongside.get(seq, 0), others) if others else 0
+            if not others:
+                return 0, 0
+            lanes, width = self._alongside.get(seq, (0, 0))
+            return max(lanes, others), max(width, 1)
 
     def leave(self, seq: int) -> None:
         """Sequence `seq` ends its request: rounds no longer wait for it."""
