@@ -251,13 +251,17 @@ def run_jobs(models: ModelThread, prompts: list[str], settings: GenerationSettin
     return asyncio.run(everyone())
 
 
-def test_a_slot_whose_generation_fails_leaves_the_others_answers_whole(tiny_models, monkeypatch):
+def slots_thread(tiny_models, n: int) -> tuple[LlamaBackend, ModelThread]:
+    """The tiny target split into `n` slots (no drafter), their model threads started."""
     owner = LlamaBackend(tiny_models.target, n_ctx=CTX, n_threads=1, exact=True)
-    views = owner.split(2)
-    models = ModelThread(
-        [Slot(ModelPair(view, None), None, view.rounds) for view in views], max_queue=4
-    )
+    slots = [Slot(ModelPair(view, None), None, view.rounds) for view in owner.split(n)]
+    models = ModelThread(slots, max_queue=4)
     models.start()
+    return owner, models
+
+
+def test_a_slot_whose_generation_fails_leaves_the_others_answers_whole(tiny_models, monkeypatch):
+    owner, models = slots_thread(tiny_models, 2)
     settings = GenerationSettings(max_tokens=200)
 
     class FailingForOnePrompt(Generation):
@@ -269,7 +273,7 @@ def test_a_slot_whose_generation_fails_leaves_the_others_answers_whole(tiny_mode
 
     try:
         alone = run_jobs(models, ["the cat sat on"], settings)[0]
-        failing_token = views[0].tokenize("one two three", add_special=True)[-1]
+        failing_token = models.pairs[0].target.tokenize("one two three", add_special=True)[-1]
         monkeypatch.setattr(model_thread, "Generation", FailingForOnePrompt)
         failed, answered = run_jobs(models, ["one two three", "the cat sat on"], settings)
         assert isinstance(failed, Failed) and failed.error.failure is Failure.INTERNAL
@@ -342,12 +346,7 @@ def test_parallel_with_rpc_workers_and_out_of_range_are_refused(tiny_models):
 
 
 def test_a_resent_conversation_goes_to_the_slot_that_holds_its_prefix(tiny_models):
-    owner = LlamaBackend(tiny_models.target, n_ctx=CTX, n_threads=1, exact=True)
-    views = owner.split(3)
-    models = ModelThread(
-        [Slot(ModelPair(view, None), None, view.rounds) for view in views], max_queue=4
-    )
-    models.start()
+    owner, models = slots_thread(tiny_models, 3)
     settings = GenerationSettings(max_tokens=8)
     conversation = "the cat sat on the mat " * 60  # several whole prompt chunks
 
