@@ -791,14 +791,14 @@ def serve(
     shared = SharedOptions.of(locals())
 
     with user_errors():
+        if parallel > 1 and rpc:  # before any model is resolved (or downloaded)
+            raise SpecdecError("--parallel with --rpc is not supported yet.", "Drop one of them.")
         mode = drafting_mode(drafter, no_draft, draft)
         hardware = replace(shared.hardware(), one_decode_thread=True)
         target_path, draft_path = resolve_models(
             target, draft, models=models, offline=offline, needs_draft_model=mode.needs_draft_model
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
-        if parallel > 1 and rpc:
-            raise SpecdecError("--parallel with --rpc is not supported yet.", "Drop one of them.")
         options = ServeOptions(
             host, port, keys(api_key), max_queue, json_log, history_tokens, parallel
         )

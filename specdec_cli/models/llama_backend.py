@@ -260,6 +260,74 @@ class LlamaBackend:
 
     # -- loading ---------------------------------------------------------------------------
 
+    def _refuse_unrollbackable_memory(self) -> None:
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(
+            self._model
+        ):
+            self.close()
+            raise ModelFileError(
+                f"{self.path.name} is a recurrent or hybrid model: its memory cannot roll back "
+                "rejected draft tokens.",
+                "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
+            )
+
+    def _open_context(self, n_ctx: int, n_sequences: int = 1) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = self._n_batch_wanted
+        params.n_seq_max = n_sequences
+        if n_sequences > 1:
+            # A stream of cells per sequence, in position order as alone: see `split`.
+            params.kv_unified = False
+        params.n_threads = params.n_threads_batch = self._n_threads
+        params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            self.close()
+            raise ModelFileError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}.",
+                "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
+            )
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.cached: list[int] = []
+        self._aligned_prompt_end = 0  # cached prompt chunks up to here: cut at PROMPT_CHUNKs
+        self._init_batch()
+
+    def _init_batch(self) -> None:
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        n = self.n_batch
+        self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._batch_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))[:] = 1
+        for i in range(n):  # once per backend: every slot belongs to its sequence
+            self._batch.seq_id[i][0] = self._seq
+
+    def _close_context(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def close(self) -> None:
+        for child in getattr(self, "_children", []):
+            child.close()
+        if getattr(self, "_owns_context", True):
+            self._close_context()
+        elif getattr(self, "_batch", None) is not None:  # a view: only its batch is its own
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_owns_model", True) and getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+        self._model = self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
     # -- several sequences -------------------------------------------------------------------
 
     def split(self, n_sequences: int) -> list[LlamaBackend]:
@@ -345,7 +413,7 @@ class LlamaBackend:
             llama_cpp.llama_memory_seq_rm(self._memory, view._seq, len(view.cached) + real, -1)
             if real:
                 assert part is not None
-                part.logits = np.stack([self._output_row(i * width + r) for r in range(real)])
+                part.logits = self._output_rows(i * width, real)
                 view.cached.extend(part.tokens)
                 view.tokens_decoded += real
                 view.decode_calls += 1
@@ -366,77 +434,11 @@ class LlamaBackend:
                 lanes.append((view, None))
         return lanes
 
-    def _output_row(self, batch_row: int) -> np.ndarray:
+    def _output_rows(self, batch_row: int, n_rows: int) -> np.ndarray:
+        """A copy of the logits of `n_rows` rows from `batch_row` on, all asked for: they
+        follow each other in llama.cpp's output buffer (padding rows have no output)."""
         pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_row)
-        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
-
-    def _refuse_unrollbackable_memory(self) -> None:
-        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(
-            self._model
-        ):
-            self.close()
-            raise ModelFileError(
-                f"{self.path.name} is a recurrent or hybrid model: its memory cannot roll back "
-                "rejected draft tokens.",
-                "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
-            )
-
-    def _open_context(self, n_ctx: int, n_sequences: int = 1) -> None:
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = self._n_batch_wanted
-        params.n_seq_max = n_sequences
-        if n_sequences > 1:
-            # A stream of cells per sequence, in position order as alone: see `split`.
-            params.kv_unified = False
-        params.n_threads = params.n_threads_batch = self._n_threads
-        params.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._ctx:
-            self.close()
-            raise ModelFileError(
-                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path.name}.",
-                "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
-            )
-        self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
-        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.cached: list[int] = []
-        self._aligned_prompt_end = 0  # cached prompt chunks up to here: cut at PROMPT_CHUNKs
-        self._init_batch()
-
-    def _init_batch(self) -> None:
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        n = self.n_batch
-        self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(n,))
-        self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
-        self._batch_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
-        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))[:] = 1
-        for i in range(n):  # once per backend: every slot belongs to its sequence
-            self._batch.seq_id[i][0] = self._seq
-
-    def _close_context(self) -> None:
-        if getattr(self, "_batch", None) is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-
-    def close(self) -> None:
-        for child in getattr(self, "_children", []):
-            child.close()
-        if getattr(self, "_owns_context", True):
-            self._close_context()
-        elif getattr(self, "_batch", None) is not None:  # a view: only its batch is its own
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "_owns_model", True) and getattr(self, "_model", None):
-            llama_cpp.llama_model_free(self._model)
-        self._model = self._ctx = None
-
-    def __del__(self) -> None:
-        self.close()
+        return np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab)).copy()
 
     # -- the Backend protocol --------------------------------------------------------------
 

@@ -66,11 +66,6 @@ class Rounds:
         self._alongside: dict[int, tuple[int, int]] = {}
         self.stats = RoundStats()
 
-    @property
-    def generating(self) -> int:
-        with self._changed:
-            return len(self._generating)
-
     # -- rounds ------------------------------------------------------------------------------
 
     def join(self, seq: int) -> None:

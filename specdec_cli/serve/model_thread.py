@@ -8,8 +8,8 @@ the prompt is tokenised and fits, then text deltas (str), then the `Answer`; or 
 A job whose client went away is cancelled: the model thread checks between engine events and
 stops iterating, which is all it takes to stop the engine (and free the slot).
 
-Each slot's KV caches are kept between requests, and a request goes to the idle slot its
-owner used last. `logits_for_suffix` compares each new
+Each slot's KV caches are kept between requests, and a request goes to the idle slot whose
+cache (its owner's) would serve most of its prompt. `logits_for_suffix` compares each new
 prompt with what a cache holds and decodes only the rest, so a chat client resending the
 whole conversation pays only for the new turn. Unlike `chat.py`, the prompt is always
 tokenised afresh from the request: the answer to a request must not depend on which
@@ -72,6 +72,12 @@ def client_gone() -> ServeError:
 
 def bad_prompt(message: str, param: str | None = None) -> ServeError:
     return ServeError(Failure.BAD_PROMPT, message, param)
+
+
+def _internal_error(error: Exception) -> ServeError:
+    """A bug's failure: its traceback on stderr, its name for the client."""
+    traceback.print_exc(file=sys.stderr)
+    return ServeError(Failure.INTERNAL, f"Internal error: {type(error).__name__}: {error}")
 
 
 def _failure_of(error: SpecdecError) -> Failure:
@@ -284,9 +290,7 @@ class ModelThread:
                 job.post(Failed(error))
                 continue
             except Exception as error:  # a bug: say so, keep serving
-                traceback.print_exc(file=sys.stderr)
-                message = f"Internal error: {type(error).__name__}: {error}"
-                job.post(Failed(ServeError(Failure.INTERNAL, message)))
+                job.post(Failed(_internal_error(error)))
                 continue
             self._slot_for(job, job.tokens).inbox.put(job)
         for state in self._slots:
@@ -341,9 +345,7 @@ class ModelThread:
             except SpecdecError as error:  # not the request's doing: it was checked before
                 clean, failure = False, ServeError(_failure_of(error), str(error))
             except Exception as error:  # a bug: say so, keep serving
-                traceback.print_exc(file=sys.stderr)
-                message = f"Internal error: {type(error).__name__}: {error}"
-                clean, failure = False, ServeError(Failure.INTERNAL, message)
+                clean, failure = False, _internal_error(error)
             # before the client hears back: the next job may be its
             _settle_caches(state.slot.pair, clean)
             with self._slot_changed:
@@ -370,7 +372,8 @@ class ModelThread:
             state.cache_owner = job.owner
         history = self.history_of(job.owner)
         use_history(drafter, history)
-        prompt = job.tokens or _tokens(target, job.prompt)
+        prompt = job.tokens
+        assert prompt is not None  # tokenised by the dispatcher, to choose this slot
         try:
             check_prompt_fits(prompt, target.n_ctx)
         except SpecdecError as error:
