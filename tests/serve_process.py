@@ -12,7 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
 
 
 class ServerProcess:
@@ -71,3 +75,26 @@ class ServerProcess:
             self.process.kill()
             self.process.wait()
             raise AssertionError("the server did not stop within the timeout") from None
+
+
+def health(server: ServerProcess) -> dict:
+    """/health (no key needed)."""
+    return httpx.get(server.url + "/health", timeout=60).json()
+
+
+def wait_for_health(server: ServerProcess, predicate, timeout: float = 120.0) -> dict:
+    """Poll /health until `predicate` holds; the timeout only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = health(server)
+        if predicate(state):
+            return state
+        assert time.monotonic() < deadline, f"the server never got there ({state})"
+        time.sleep(0.005)
+
+
+def run_json(*args: str) -> dict:
+    """`specdec run ARGS --json`, in process: its JSON answer."""
+    result = CliRunner().invoke(app, ["run", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)

@@ -10,14 +10,12 @@ can see a difference, is tests/test_parallel.py's."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-import time
 
 import httpx
 import openai
 import pytest
-from serve_process import ServerProcess
+from serve_process import ServerProcess, health, run_json, wait_for_health
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -52,27 +50,6 @@ def server(tiny_models, tmp_path_factory):
     )
     yield process
     assert process.stop() == 0, "\n".join(process.lines)
-
-
-def health(server) -> dict:
-    return httpx.get(server.url + "/health", timeout=60).json()
-
-
-def wait_for_health(server, predicate, timeout: float = 120.0) -> dict:
-    """Poll /health until `predicate` holds; the timeout only catches a hang."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = health(server)
-        if predicate(state):
-            return state
-        assert time.monotonic() < deadline, f"the server never got there ({state})"
-        time.sleep(0.005)
-
-
-def run_json(*args: str) -> dict:
-    result = CliRunner().invoke(app, ["run", *args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 @pytest.mark.parametrize(

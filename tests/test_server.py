@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serve_process import ServerProcess
+from serve_process import ServerProcess, run_json, wait_for_health
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -319,17 +319,6 @@ def test_eight_clients_at_once_are_answered_in_arrival_order(server):
         assert answer["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"]
 
 
-def wait_for_health(server, predicate, timeout: float = 120.0) -> dict:
-    """Poll /health until `predicate` holds; the timeout only catches a hang."""
-    deadline = time.monotonic() + timeout
-    while True:
-        health = http(server, "GET", "/health").json()
-        if predicate(health):
-            return health
-        assert time.monotonic() < deadline, f"the server never got there ({health})"
-        time.sleep(0.005)
-
-
 def test_a_client_that_disconnects_mid_stream_frees_the_models(server):
     body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -383,12 +372,6 @@ def test_every_request_is_logged(server):
 
 
 # ---- identity with `specdec run` ------------------------------------------------------------
-
-
-def run_json(*args: str) -> dict:
-    result = CliRunner().invoke(app, ["run", *args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 @pytest.mark.parametrize("prompt", ["the cat sat on", "what is the time"])
