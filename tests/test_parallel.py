@@ -73,13 +73,15 @@ def alone(path, text: str, settings: GenerationSettings, exact: bool):
         backend.inner.close()
 
 
-def side_by_side(path, settings: GenerationSettings, exact: bool, taking_part=EVERY, idle=()):
+def side_by_side(
+    path, settings: GenerationSettings, exact: bool, taking_part=EVERY, idle=(), pass_cost=None
+):
     """The prompts of the sequences `taking_part` at once on a context split four ways:
     (finished, logits rows) each, and the rounds' statistics. The `idle` sequences first
     decode their prompt and then wait, a slot keeping an earlier request's cache; after the
-    others, each generates from it: (finished, rows) too."""
+    others, each generates from it: (finished, rows) too. `pass_cost`: split's."""
     owner = LlamaBackend(path, n_ctx=512, n_threads=1, exact=exact)
-    views = owner.split(len(PROMPTS))
+    views = owner.split(len(PROMPTS), pass_cost)
     rounds = views[0].rounds
     assert rounds is not None
     waiting = {seq: Recording(views[seq]) for seq in idle}
@@ -114,16 +116,29 @@ def side_by_side(path, settings: GenerationSettings, exact: bool, taking_part=EV
     return [results[seq] for seq in sorted(results)], rounds.stats
 
 
+def rows_cost_their_count(rows: int) -> float:
+    """A pass's cost by which a round whose parts differ in width is always left ragged."""
+    return float(rows)
+
+
 @pytest.mark.parametrize("settings", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_four_requests_side_by_side_answer_as_each_alone(tiny_models, settings):
-    together, stats = side_by_side(tiny_models.target, settings, exact=True)
-    assert stats.largest == len(PROMPTS)  # the four shared passes
-    assert stats.rows > stats.rounds * len(PROMPTS)  # drafts were verified in them
-    for text, (finished, rows) in zip(PROMPTS, together, strict=True):
+    padded, padded_stats = side_by_side(tiny_models.target, settings, exact=True)
+    ragged, ragged_stats = side_by_side(
+        tiny_models.target, settings, exact=True, pass_cost=rows_cost_their_count
+    )
+    for stats in (padded_stats, ragged_stats):
+        assert stats.largest == len(PROMPTS)  # the four shared passes
+        assert stats.rows > stats.rounds * len(PROMPTS)  # drafts were verified in them
+    # Parts of different widths: padded to the widest, or ragged (only the sequences
+    # between a round's get padding then).
+    assert ragged_stats.padding < padded_stats.padding
+    for i, text in enumerate(PROMPTS):
         solo, solo_rows = alone(tiny_models.target, text, settings, exact=True)
-        assert finished.tokens == solo.tokens
-        assert len(rows) == len(solo_rows)
-        assert all(np.array_equal(a, b) for a, b in zip(rows, solo_rows, strict=True))
+        for finished, rows in (padded[i], ragged[i]):
+            assert finished.tokens == solo.tokens
+            assert len(rows) == len(solo_rows)
+            assert all(np.array_equal(a, b) for a, b in zip(rows, solo_rows, strict=True))
 
 
 def test_sequences_with_idle_ones_between_them_answer_as_alone_and_leave_those_whole(

@@ -101,7 +101,7 @@ def test_a_failed_pass_is_every_part_s_error_and_the_next_round_runs():
 
 def test_a_turn_waits_for_a_running_decode_and_a_ready_round_goes_first():
     order: list[str] = []
-    rounds = Rounds(lambda parts: [order.append("round"), *(FakePass()(parts),)])
+    rounds = Rounds(lambda parts: (order.append("round"), FakePass()(parts))[1])
     inside, release = threading.Event(), threading.Event()
 
     def hold_a_turn() -> None:

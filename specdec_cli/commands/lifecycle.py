@@ -71,8 +71,9 @@ class LoadedPair:
         if not isinstance(target, SharedContexts):
             raise SpecdecError("this backend cannot answer requests side by side.")
         by_text = self.pair.drafts_by_text(draft_model)
+        costs = self.costs  # rounds are shaped by what passes cost (None: no drafts to shape)
         slots = []
-        for view in target.split(n):
+        for view in target.split(n, None if costs is None else costs.verify):
             rounds = view.rounds  # type: ignore[attr-defined]
             pair = ModelPair(view, None, self.pair.costs)
             if isinstance(draft_model, SharedContexts):

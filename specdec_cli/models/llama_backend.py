@@ -31,7 +31,7 @@ from ..errors import (
     ModelFileError,
 )
 from ..structured import Structure, StructureError, StructureKind
-from .llama_batches import aligned_bounds, chunk_bounds, decode_failure
+from .llama_batches import aligned_bounds, chunk_bounds, decode_failure, round_widths
 from .rounds import Part, Rounds
 
 try:
@@ -330,7 +330,9 @@ class LlamaBackend:
 
     # -- several sequences -------------------------------------------------------------------
 
-    def split(self, n_sequences: int) -> list[LlamaBackend]:
+    def split(
+        self, n_sequences: int, pass_cost: Callable[[int], float] | None = None
+    ) -> list[LlamaBackend]:
         """A backend for each of `n_sequences` KV sequences of one new context, each of this
         context's size (serve --parallel). Their generated rows are decoded together in
         rounds (rounds.py); a prompt is decoded alone, in its own llama_decode calls.
@@ -340,11 +342,14 @@ class LlamaBackend:
         round each sequence's rows together, padded to the same count (llama.cpp cuts a
         batch into equal shares of each sequence: one graph compute instead of several), and
         batch-invariant kernels for all the round's rows. This backend keeps the model and
-        the context, and is not decoded with any more."""
+        the context, and is not decoded with any more. `pass_cost`: seconds for a decode of
+        n rows of one sequence, by which a round's parts are padded or left ragged
+        (`_decode_round`); without it, padded."""
         per_sequence, solo_batch = self.n_ctx, self.n_batch
         self._close_context()
         self._n_batch_wanted = max(solo_batch, n_sequences * EXACT_BATCH_ROWS)  # a full round
         self._open_context(per_sequence * n_sequences, n_sequences)
+        self._pass_cost = pass_cost
         self._rounds_of_views = Rounds(self._decode_round)
         self._views = {seq: self._view(seq, solo_batch) for seq in range(n_sequences)}
         return list(self._views.values())
@@ -383,55 +388,67 @@ class LlamaBackend:
         self._children.append(view)
         return view
 
-    def _decode_round(self, parts: list[Part]) -> None:
-        """Every part's rows in one llama_decode, sequence after sequence, each padded to the
-        longest with rows whose logits nobody reads (removed afterwards). llama.cpp puts only
-        consecutive sequences in one graph compute (a non-unified cache): a sequence between
-        two of the round's that has none of its own gets padding rows too (sequences 0 and 2
-        alone cost two computes, 2.0x one row, on the Zen 5; with 1's padding, one)."""
-        width = max(len(part.tokens) for part in parts)
-        lanes = self._round_lanes(parts, width)
-        if width * len(lanes) > self.n_batch:
-            raise ValueError(f"{len(lanes)} x {width} rows do not fit a batch of {self.n_batch}")
+    def _decode_round(self, parts: list[Part]) -> int:
+        """Every part's rows in one llama_decode, sequence after sequence. llama.cpp computes
+        a batch of a non-unified cache in equal shares of consecutive sequences
+        (llama_batches.equal_split_sizes): a sequence between two of the round's that has
+        none of its own gets padding rows (sequences 0 and 2 alone cost two computes, 2.0x
+        one row, on the Zen 5; with 1's padding, one), and the parts are padded to the
+        widest (one compute) or left ragged (a compute for the wider parts' further rows),
+        whichever the pass's costs say is cheaper (round_widths). Padding rows' logits
+        are not asked for, and their cells are removed afterwards. How many there were."""
+        by_seq = {part.seq: part for part in parts}
+        first, last = min(by_seq), max(by_seq)
+        rows = [len(by_seq[seq].tokens) if seq in by_seq else 0 for seq in range(first, last + 1)]
+        widths = round_widths(rows, self._pass_cost, self.n_batch)
+        lanes = self._round_lanes(by_seq, range(first, last + 1), widths)
+        n = sum(width for _, _, width in lanes)
+        if n > self.n_batch:
+            raise ValueError(f"{n} rows of {len(lanes)} sequences exceed a batch of {self.n_batch}")
         filler = parts[0].tokens[-1]
-        for i, (view, part) in enumerate(lanes):
-            rows = slice(i * width, (i + 1) * width)
+        lane_starts = []
+        start = 0
+        for view, part, width in lanes:
+            rows_of_lane = slice(start, start + width)
             tokens = list(part.tokens) if part is not None else []
             base = len(view.cached)
-            self._batch_token[rows] = [*tokens, *[filler] * (width - len(tokens))]
-            self._batch_pos[rows] = np.arange(base, base + width)
-            self._batch_logits[rows] = [1] * len(tokens) + [0] * (width - len(tokens))
-            for row in range(i * width, (i + 1) * width):
+            self._batch_token[rows_of_lane] = [*tokens, *[filler] * (width - len(tokens))]
+            self._batch_pos[rows_of_lane] = np.arange(base, base + width)
+            self._batch_logits[rows_of_lane] = [1] * len(tokens) + [0] * (width - len(tokens))
+            for row in range(start, start + width):
                 self._batch.seq_id[row][0] = view._seq
-        n = width * len(lanes)
+            lane_starts.append(start)
+            start += width
         self._batch.n_tokens = n
         if _set_invariant_rows is not None:  # every row of the round, invariant
             _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if self.exact else 0)
         status = _llama_decode(self._ctx, self._batch)
-        for i, (view, part) in enumerate(lanes):
+        for (view, part, _), lane_start in zip(lanes, lane_starts, strict=True):
             real = 0 if part is None or status != 0 else len(part.tokens)
             llama_cpp.llama_memory_seq_rm(self._memory, view._seq, len(view.cached) + real, -1)
             if real:
                 assert part is not None
-                part.logits = self._output_rows(i * width, real)
+                part.logits = self._output_rows(lane_start, real)
                 view.cached.extend(part.tokens)
                 view.tokens_decoded += real
                 view.decode_calls += 1
         if status != 0:
-            position = min(len(view.cached) for view, _ in lanes)
+            position = min(len(view.cached) for view, _, _ in lanes)
             raise decode_failure(status, position, self.n_ctx)
+        return n - sum(len(part.tokens) for part in parts)
 
-    def _round_lanes(self, parts: list[Part], width: int) -> list[tuple[LlamaBackend, Part | None]]:
-        """The round's sequences in order: each part's, and padding for the sequences
-        between them that have room for it."""
-        by_seq = {part.seq: part for part in parts}
-        lanes: list[tuple[LlamaBackend, Part | None]] = []
-        for seq in range(min(by_seq), max(by_seq) + 1):
+    def _round_lanes(
+        self, by_seq: dict[int, Part], seqs: range, widths: list[int]
+    ) -> list[tuple[LlamaBackend, Part | None, int]]:
+        """The round's sequences in order, with their rows' count: each part's, and padding
+        for the sequences between them that have room for it."""
+        lanes: list[tuple[LlamaBackend, Part | None, int]] = []
+        for seq, width in zip(seqs, widths, strict=True):
             view = self._views[seq]
             if seq in by_seq:
-                lanes.append((view, by_seq[seq]))
+                lanes.append((view, by_seq[seq], width))
             elif len(view.cached) + width <= view.n_ctx:
-                lanes.append((view, None))
+                lanes.append((view, None, width))
         return lanes
 
     def _output_rows(self, batch_row: int, n_rows: int) -> np.ndarray:

@@ -14,6 +14,7 @@ Pure threading, no llama.cpp: the round's decode is the function given (llama_ba
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -43,18 +44,23 @@ class RoundStats:
     parts: int = 0  # requests' parts in them (parts / rounds: how many shared a pass)
     turns: int = 0  # decodes outside the rounds (prompt chunks, drafters)
     largest: int = 0  # the most requests in one round
+    padding: int = 0  # rows decoded only to shape rounds (llama_backend._decode_round)
+    round_seconds: float = 0.0  # decoding rounds
+    turn_seconds: float = 0.0  # decoding turns
 
-    def add(self, parts: int, rows: int) -> None:
+    def add(self, parts: int, rows: int, seconds: float) -> None:
         self.rounds += 1
+        self.round_seconds += seconds
         self.parts += parts
         self.rows += rows
         self.largest = max(self.largest, parts)
 
 
 class Rounds:
-    def __init__(self, decode_together: Callable[[list[Part]], None]) -> None:
+    def __init__(self, decode_together: Callable[[list[Part]], int | None]) -> None:
         """`decode_together(parts)` decodes every part's tokens in one pass and sets each
-        part's `logits` (raising if the pass failed)."""
+        part's `logits` (raising if the pass failed); it returns how many rows of padding
+        it decoded with them (None: none)."""
         self._decode_together = decode_together
         self._changed = threading.Condition()
         self._busy = False  # a decode is running on the context
@@ -114,8 +120,10 @@ class Rounds:
         return bool(self._waiting) and self._generating <= self._waiting.keys()
 
     def _run(self, batch: list[Part]) -> None:
+        began = time.perf_counter()
+        padding = 0
         try:
-            self._decode_together(batch)
+            padding = self._decode_together(batch) or 0
         except BaseException as error:  # every request in the pass hears of it
             for part in batch:
                 part.error = error
@@ -123,7 +131,8 @@ class Rounds:
             rows = sum(len(part.tokens) for part in batch)
             with self._changed:
                 self._last_was_round = True
-                self.stats.add(len(batch), rows)
+                self.stats.add(len(batch), rows, time.perf_counter() - began)
+                self.stats.padding += padding
                 for part in batch:
                     others = [len(p.tokens) for p in batch if p is not part]
                     self._alongside[part.seq] = (len(others), max(others, default=0))
@@ -174,10 +183,12 @@ class Rounds:
             self._turns_waiting -= 1
             self._busy = True
             self.stats.turns += 1
+        began = time.perf_counter()
         try:
             yield
         finally:
             with self._changed:
+                self.stats.turn_seconds += time.perf_counter() - began
                 self._busy = False
                 self._last_was_round = False
                 self._changed.notify_all()
@@ -187,8 +198,11 @@ class Rounds:
 class SharedContexts(Protocol):
     """A backend whose context can hold several requests' sequences (llama_backend)."""
 
-    def split(self, n_sequences: int) -> list[Backend]:
-        """A backend for each of `n_sequences` sequences of one context; each has `rounds`."""
+    def split(
+        self, n_sequences: int, pass_cost: Callable[[int], float] | None = None
+    ) -> list[Backend]:
+        """A backend for each of `n_sequences` sequences of one context; each has `rounds`.
+        `pass_cost`: seconds for a decode of n rows of one sequence (shapes the rounds)."""
         ...
 
     def sibling(self, turn: Callable[[], AbstractContextManager]) -> Backend:

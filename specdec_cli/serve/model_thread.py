@@ -223,6 +223,10 @@ class ModelThread:
             "rows": stats.rows,
             "requests_per_pass": round(stats.parts / stats.rounds, 3) if stats.rounds else 0,
             "most_requests_in_a_pass": stats.largest,
+            "padding_rows": stats.padding,
+            "seconds_in_passes": round(stats.round_seconds, 3),
+            "turns": stats.turns,
+            "seconds_in_turns": round(stats.turn_seconds, 3),
         }
 
     @property
