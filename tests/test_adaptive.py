@@ -544,18 +544,30 @@ def shared_ngram_drafter(alongside: list[tuple[int, int]]) -> AdaptiveDrafter:
     return AdaptiveDrafter(costs, ngram=NgramDrafter())
 
 
-def test_rows_in_a_shared_pass_cost_what_they_add_to_it_padding_included():
+def test_rows_in_a_shared_pass_cost_what_they_add_to_it_padded_or_ragged():
     alone = CostModel(ZEN5, 0.0)
     costs = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: (3, 1))  # three one-row requests
-    assert costs.verify(1) == pytest.approx(alone.verify(4) - alone.verify(3))
-    # Five rows pad the three others to five: the pass decodes 20 rows instead of 3.
-    assert costs.verify(5) == pytest.approx(alone.verify(20) - alone.verify(3))
+    first = alone.verify(4) - alone.verify(3)
+    assert costs.verify(1) == pytest.approx(first)
+    # Two rows pad the three others to two: 8 rows instead of 4 (cheaper than a second
+    # compute for the one further row).
+    assert costs.verify(2) == pytest.approx(first + alone.verify(8) - alone.verify(4))
+    # Five rows padded would be 20; ragged, the pass of 4 and a compute of its 4 more.
+    assert alone.verify(4) < alone.verify(20) - alone.verify(4)
+    assert costs.verify(5) == pytest.approx(first + alone.verify(4))
     # Priced as if the others decoded one row each, however wide they were: rows up to
     # their width would look free, and every pass would stay that wide.
     wide = shared_pass_costs(CostModel(ZEN5, 0.0), lambda: (3, 6))
     assert wide.verify(5) == pytest.approx(costs.verify(5))
     floor = shared_pass_costs(CostModel({1: 1.0, 2: 0.9, 4: 1.3}, 0.0), lambda: (1, 1))
     assert floor.verify(1) == pytest.approx(MIN_ROW_SHARE)  # 2 rows priced below 1
+
+
+@pytest.mark.parametrize("alongside", [(0, 0), (1, 1), (3, 2)])
+def test_the_costs_of_every_draft_length_at_once_are_each_lengths_cost(alongside):
+    costs = shared_pass_costs(CostModel({1: 1.0, 2: 0.9, 4: 1.3, 16: 4.0}, 0.0), lambda: alongside)
+    costs.observe_verify(2, 1.2)  # a learned size rescales the prior around it
+    assert costs.verify_sizes(12) == pytest.approx([costs.verify(n) for n in range(1, 13)])
 
 
 def test_shared_costs_learn_only_from_rounds_a_request_has_to_itself():

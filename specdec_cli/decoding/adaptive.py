@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance import AcceptanceModel, Rate, expected_tokens, realism
+from .acceptance import AcceptanceModel, Rate, realism
 from .costs import CostModel
 from .drafters import (
     MODEL_SOURCES,
@@ -229,7 +229,7 @@ class AdaptiveDrafter:
         sources' plans (`predicted`, `match`, history) decode now: those are the ones a
         table that overprices them keeps from being drafted (a smaller try would only cut a
         good draft short)."""
-        if not self.costs.learn:
+        if not self.costs.learning:  # beside other requests (serve --parallel) it learns nothing
             return None
         if not self.cost_probes.due():
             self.cost_probes.skipped()
@@ -278,10 +278,13 @@ class AdaptiveDrafter:
         self, first: float, following: float, max_tokens: int, step: float, setup: float = 0.0
     ):
         """The draft length with the most expected tokens per second, and that rate."""
-        best_k, best_rate = 0, 1.0 / self.costs.verify(1)
+        verify = self.costs.verify_sizes(max_tokens + 1)
+        best_k, best_rate = 0, 1.0 / verify[0]
+        expected, survives = 1.0, first  # expected_tokens(first, following, k), k by k
         for k in range(1, max_tokens + 1):
-            seconds = setup + k * step + self.costs.verify(k + 1)
-            rate = expected_tokens(first, following, k) / seconds
+            expected += survives
+            survives *= following
+            rate = expected / (setup + k * step + verify[k])
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate

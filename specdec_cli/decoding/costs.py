@@ -60,9 +60,17 @@ class CostModel:
         self._start_step = self.draft_step
 
     def verify(self, n_tokens: int) -> float:
-        if self._dense is None or n_tokens > len(self._dense):
-            self._dense = self._interpolate(max(n_tokens, 64))
-        return max(1e-6, float(self._dense[n_tokens - 1]))
+        return max(1e-6, float(self._dense_table(n_tokens)[n_tokens - 1]))
+
+    def _dense_table(self, up_to: int) -> np.ndarray:
+        if self._dense is None or up_to > len(self._dense):
+            self._dense = self._interpolate(max(up_to, 64))
+        return self._dense
+
+    def verify_sizes(self, up_to: int) -> list[float]:
+        """verify(n) for n = 1..up_to, at once (the planner weighs every draft length each
+        round: one call per length cost a slot of serve --parallel 0.5 ms a round)."""
+        return np.maximum(1e-6, self._dense_table(up_to)[:up_to]).tolist()
 
     def _interpolate(self, up_to: int) -> np.ndarray:
         sizes = sorted(self._observed)
@@ -81,6 +89,11 @@ class CostModel:
             self._medians[n_tokens] = float(np.median(recent))
             self._counts[n_tokens] += 1
             self._dense = None
+
+    @property
+    def learning(self) -> bool:
+        """Whether the next decode's timing will refine the table."""
+        return self.learn
 
     def observe_draft_step(self, seconds: float) -> None:
         if self.learn and seconds > 0:
@@ -142,17 +155,21 @@ def _alone() -> tuple[int, int]:
 @dataclass
 class SharedPassCosts(CostModel):
     """The costs of a request whose rows share each target pass with other requests' rows
-    (serve --parallel): n rows cost what they add to the pass, by the table of a pass's
-    cost by its size (a pass of 4 sequences' rows costs what 4 rows of one cost:
-    docs/multi-sequence-exactness.md). `alongside()` says how many other requests share it
-    (and the most rows one of them decodes). Every request's share of a pass is padded to
-    the longest (llama_backend), so n rows beside L others cost (L + 1) x n rows: a row past
-    the first costs a row for every request. Priced as if the others decoded one row each,
-    though they may draft too: rows up to another's width would look free, each request
-    would draft to the widest, and every pass would stay that wide (on the Zen 5, four
-    clients then drafted 1.26 tokens a pass and ran at 0.6x their pace without drafts).
-    Where 4 rows cost 1.7x one, a plain step adds little to a shared pass, and a draft must
-    promise far more than alone to be worth its rows.
+    (serve --parallel): n rows cost what they add to the pass. `alongside()` says how many
+    others share it; each is priced at one row, though it may draft too (priced at its
+    width, rows up to it would look free, each request drafted to the widest, and four
+    clients on the Zen 5 ran at 0.6x their pace without drafts).
+
+    With v the table of a pass's cost by its rows (a pass of 4 sequences' rows costs about
+    what 4 rows of one cost: docs/multi-sequence-exactness.md), beside L others its first
+    row adds v(L + 1) - v(L), and its further rows, padded, a row for every request
+    (v((L + 1) n) - v(L + 1) for n rows) or, ragged, a compute of their own (v(n - 1)):
+    the lesser, as the round is shaped (llama_batches.round_widths). Where 4 rows cost 1.7x
+    one, a plain step adds little to a shared pass, and a draft must promise far more than
+    alone to be worth its rows. (Priced instead for the server's throughput, its first row
+    at its share of the pass, v(L + 1) / (L + 1), a copying request beside one other
+    drafted and ran 2x faster, but the other ran 1.1-1.3x slower and the two finished
+    later than with drafts this scarce: Zen 5, docs/multi-sequence-exactness.md.)
 
     It learns only from rounds it has to itself, as CostModel does: beside others, a
     round lasts as long as their drafting and the whole pass, which is not the cost of its
@@ -160,21 +177,35 @@ class SharedPassCosts(CostModel):
 
     alongside: Callable[[], tuple[int, int]] = _alone
 
+    @property
+    def learning(self) -> bool:
+        return self.learn and self.alongside()[0] <= 0
+
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        if self.alongside()[0] <= 0:
+        if self.learning:
             super().observe_verify(n_tokens, seconds)
 
     def observe_draft_step(self, seconds: float) -> None:
-        if self.alongside()[0] <= 0:
+        if self.learning:
             super().observe_draft_step(seconds)
 
     def verify(self, n_tokens: int) -> float:
+        return self.verify_sizes(n_tokens)[-1]
+
+    def verify_sizes(self, up_to: int) -> list[float]:
         others, _ = self.alongside()
-        alone = super().verify
         if others <= 0:
-            return alone(n_tokens)
-        added = alone((others + 1) * n_tokens) - alone(others)
-        return max(added, n_tokens * MIN_ROW_SHARE * alone(1))
+            return super().verify_sizes(up_to)
+        alone = [0.0, *super().verify_sizes((others + 1) * up_to)]  # alone[n]: n rows
+        lanes = others + 1
+        # What its first row adds; never less than MIN_ROW_SHARE of a one-row decode.
+        first = max(alone[lanes] - alone[others], MIN_ROW_SHARE * alone[1])
+        prices = []
+        for n in range(1, up_to + 1):
+            padded = alone[lanes * n] - alone[lanes]
+            ragged = alone[n - 1]  # a compute of its n - 1 further rows
+            prices.append(first + max(0.0, min(padded, ragged)))
+        return prices
 
 
 def shared_pass_costs(
