@@ -460,6 +460,20 @@ def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():
     assert model.step_seconds == []  # the drafter model was not run
 
 
+@pytest.mark.parametrize("alongside", [(0, 0), (3, 1)], ids=["alone", "beside three"])
+def test_costs_are_explored_only_where_the_round_teaches_them(alongside):
+    # Beside other requests a round's timing is not its own rows' cost (SharedPassCosts
+    # learns nothing from it): a try of an unmeasured size would only widen the pass.
+    drafter = AdaptiveDrafter(
+        shared_pass_costs(CostModel({1: 1.0, 2: 3.0, 8: 24.0}, 0.5), lambda: alongside),
+        ngram=NgramDrafter(),
+        cost_probes=ProbeSchedule(first=0),
+        probe_budget=float("inf"),
+    )
+    draft = propose(drafter, list(range(1, 12)))
+    assert (draft.source == "explore") == (alongside == (0, 0))
+
+
 def plain_rounds(drafter: AdaptiveDrafter, seconds: float) -> None:
     """The answer so far: the prompt and rounds without drafts, `seconds` in all (timed with
     the prompt, so the cost table learns nothing from them)."""
