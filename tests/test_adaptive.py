@@ -465,7 +465,7 @@ def test_costs_are_explored_only_where_the_round_teaches_them(alongside):
     # Beside other requests a round's timing is not its own rows' cost (SharedPassCosts
     # learns nothing from it): a try of an unmeasured size would only widen the pass.
     drafter = AdaptiveDrafter(
-        shared_pass_costs(CostModel({1: 1.0, 2: 3.0, 8: 24.0}, 0.5), lambda: alongside),
+        shared_pass_costs(CostModel({1: 1.0, 2: 3.0, 4: 4.0, 8: 24.0}, 0.5), lambda: alongside),
         ngram=NgramDrafter(),
         cost_probes=ProbeSchedule(first=0),
         probe_budget=float("inf"),
