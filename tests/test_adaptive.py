@@ -26,6 +26,7 @@ from specdec_cli.decoding.costs import (
 )
 from specdec_cli.decoding.drafters import (
     Draft,
+    DraftSource,
     ModelDrafter,
     NgramDrafter,
     Outcome,
@@ -601,3 +602,33 @@ def test_drafts_shrink_as_the_pass_fills_with_other_requests_rows():
     crowded = propose(shared_ngram_drafter([(3, 1)]), COPYING, max_tokens=8)
     assert alone.source == "ngram" and len(alone.tokens) >= 3
     assert len(crowded.tokens) < len(alone.tokens)
+
+
+# --- text a constraint forces (a draft source of its own) -------------------------------------
+
+FORCED = [21, 22, 23, 24, 25, 26]
+
+
+def forced_planner(verify_seconds: dict[int, float]) -> AdaptiveDrafter:
+    return AdaptiveDrafter(CostModel(verify_seconds, 0.0, learn=False))
+
+
+def test_forced_text_is_drafted_as_far_as_it_pays():
+    cheap = forced_planner({1: 1.0, 8: 1.2}).plan_forced(FORCED)
+    assert cheap.source == "forced" and cheap.tokens == FORCED
+    # A row past the first costs as much as the first: five kept tokens of six would not
+    # pay a draft of six (0.95 each), a few of them still do.
+    dear = forced_planner({1: 1.0, 2: 1.6, 8: 8.0}).plan_forced(FORCED)
+    assert 0 < len(dear.tokens) < len(FORCED)
+    assert forced_planner({1: 1.0, 2: 4.0}).plan_forced(FORCED).tokens == []
+
+
+def test_forced_drafts_learn_their_own_acceptance():
+    planner = forced_planner({1: 1.0, 2: 1.3, 8: 3.0})
+    assert planner.plan_forced(FORCED).tokens == FORCED
+    for _ in range(20):  # this target writes the forced text otherwise: none of it kept
+        planner.observe(Outcome(ngram_draft(FORCED, 0, DraftSource.FORCED), 0, 1.0, False))
+    assert planner.acceptance.forced_first.value < 0.2
+    assert planner.plan_forced(FORCED).tokens == []
+    # The other sources' rates are untouched.
+    assert planner.acceptance.for_ngram(4).value == pytest.approx(NGRAM_FIRST_PRIORS[3])

@@ -17,6 +17,7 @@ from fakes import (
 )
 
 from specdec_cli.decoding import constraint
+from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.constraint import (
     NoTokenAllowed,
     allowed_best,
@@ -25,7 +26,9 @@ from specdec_cli.decoding.constraint import (
     layout_guess,
     masked_distribution,
 )
+from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round, SamplingRule
+from specdec_cli.decoding.policy import FORCED_FIRST_PRIOR
 from specdec_cli.decoding.sampling import SamplingSettings, distribution
 from specdec_cli.structured import Structure
 
@@ -175,28 +178,45 @@ def test_the_classic_rule_under_a_constraint_keeps_to_it():
         assert alternating(tuple(finished.tokens[:i]), token)
 
 
+def guess(accepted):
+    """Claimed forced text: every other round a guess of three tokens that fit the rule
+    (odd, even, odd or the reverse), right or wrong for the model."""
+    first = (len(accepted) + 1) % 2
+    return [first + 2, 1 - first + 4, first + 6] if len(accepted) % 2 else []
+
+
+def guessing_target():
+    """A target under the alternating rule, which forces nothing but claims to (guess)."""
+    return FakeBackend(
+        table_model(10, seed=5, context=2), 10, end_of_generation={EOS},
+        constraints=lambda _s: RuleConstraint(alternating, forced=guess),
+    )  # fmt: skip
+
+
+FORCING = GenerationSettings(max_tokens=40, draft_max=5, sampling=GREEDY, structure=ANY)
+
+
 def test_forced_text_is_drafted_for_free_and_leaves_the_answer_as_it_was():
-    # The rule forces nothing, but claims to: every other round a guess of three tokens
-    # that fit it (odd, even, odd or the reverse), right or wrong for this model.
-    def guess(accepted):
-        first = (len(accepted) + 1) % 2
-        return [first + 2, 1 - first + 4, first + 6] if len(accepted) % 2 else []
-
-    def target(forced=guess):
-        return FakeBackend(
-            table_model(10, seed=5, context=2), 10, end_of_generation={EOS},
-            constraints=lambda _s: RuleConstraint(alternating, forced=forced),
-        )  # fmt: skip
-
-    settings = GenerationSettings(max_tokens=40, draft_max=5, sampling=GREEDY, structure=ANY)
-    alone, _ = answer(target(), settings)
-    drafted, rounds = answer(target(), settings, FixedDrafter([1]))
+    alone, _ = answer(guessing_target(), FORCING)
+    drafted, rounds = answer(guessing_target(), FORCING, FixedDrafter([1]))
     assert drafted.tokens == alone.tokens
     sources = {str(r.source) for r in rounds}
     assert "forced" in sources and "ngram" in sources  # the drafter drafts where nothing is
     assert drafted.stats.draft_sources["forced"] > 0
-    _, plain = answer(target(), settings)  # the target alone drafts nothing, forced or not
+    _, plain = answer(guessing_target(), FORCING)  # the target alone drafts nothing, forced or not
     assert all(r.drafted == 0 for r in plain)
+
+
+@pytest.mark.parametrize("rows_are_cheap", [True, False])
+def test_the_planner_drafts_forced_text_where_its_rows_pay(rows_are_cheap):
+    table = {1: 1.0, 8: 1.0} if rows_are_cheap else {1: 1.0, 2: 4.0}
+    planner = AdaptiveDrafter(CostModel(table, 0.0, learn=False))
+    alone, _ = answer(guessing_target(), FORCING)
+    drafted, rounds = answer(guessing_target(), FORCING, planner)
+    assert drafted.tokens == alone.tokens
+    assert (drafted.stats.draft_sources["forced"] > 0) == rows_are_cheap
+    if rows_are_cheap:  # it learned that half the guesses part at once
+        assert planner.acceptance.forced_first.value < FORCED_FIRST_PRIOR
 
 
 # ---- forced text, and the layout the grammar leaves free -----------------------------------

@@ -16,6 +16,8 @@ from .drafters import (
 )
 from .policy import (
     CONFIDENCE_EDGES,
+    FORCED_FIRST_PRIOR,
+    FORCED_NEXT_PRIOR,
     HISTORY_FIRST_PRIORS,
     HISTORY_NEXT_PRIORS,
     MODEL_CONFIDENCE_PRIORS,
@@ -71,6 +73,7 @@ class AcceptanceModel:
 
     Model drafts: by the drafter's confidence (calibrated per confidence bucket).
     N-gram drafts: the first token by match length; each later one given the one before.
+    Forced drafts (text a constraint forces): the first token, and each later one.
     """
 
     by_confidence: list[Rate] = field(
@@ -84,6 +87,8 @@ class AcceptanceModel:
     prediction_next: Rate = field(default_factory=lambda: Rate(PREDICTION_NEXT_PRIOR))
     history_first: dict[int, Rate] = field(default_factory=dict)
     history_following: dict[int, Rate] = field(default_factory=dict)
+    forced_first: Rate = field(default_factory=lambda: Rate(FORCED_FIRST_PRIOR))
+    forced_following: Rate = field(default_factory=lambda: Rate(FORCED_NEXT_PRIOR))
 
     def for_confidence(self, confidence: float) -> Rate:
         return self.by_confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, "right"))]
@@ -116,6 +121,8 @@ class AcceptanceModel:
             elif draft.source == DraftSource.PREDICTION:
                 first = self.for_prediction(draft.match_length)
                 (first if i == 0 else self.prediction_next).update(hit)
+            elif draft.source == DraftSource.FORCED:
+                (self.forced_first if i == 0 else self.forced_following).update(hit)
             elif draft.source == DraftSource.HISTORY:
                 length = draft.match_length
                 (self.for_history(length) if i == 0 else self.history_next(length)).update(hit)

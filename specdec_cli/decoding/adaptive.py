@@ -152,6 +152,17 @@ class AdaptiveDrafter:
         probe = self._model_probe(context, max_tokens, sampling, chooser, catch_up)
         return probe if probe is not None else Draft.empty()
 
+    def plan_forced(self, forced: Sequence[int]) -> Draft:
+        """The text a constraint forces next, `forced`, as far as it pays: free to propose,
+        with its own acceptance (a grammar's spacing or another tokenisation can part from
+        the target's), and none where a plain step pays more (beside other requests' rows)."""
+        first = self.acceptance.forced_first.value
+        following = self.acceptance.forced_following.value
+        k, rate = self._best_length(first, following, len(forced), 0.0)
+        if k == 0 or rate < self.margin / self.costs.verify(1):
+            return Draft.empty()
+        return ngram_draft(forced[:k], 0, DraftSource.FORCED)
+
     def _model_probe(
         self,
         context: Sequence[int],

@@ -97,6 +97,16 @@ class Drafter(Protocol):
         ...
 
 
+@runtime_checkable
+class ForcedPlanner(Protocol):
+    """A drafter that weighs text a constraint forces next as a draft source of its own
+    (adaptive.AdaptiveDrafter); another drafter's forced drafts are all of it."""
+
+    def plan_forced(self, forced: Sequence[int]) -> Draft:
+        """As much of `forced` (the target's tokens) as is worth verifying."""
+        ...
+
+
 class GrowingDrafter(Protocol):
     """A model drafter the adaptive planner grows token by token: ModelDrafter (the
     target's vocabulary) or text_drafter.TextDrafter (another one, by text)."""

@@ -15,7 +15,7 @@ import numpy as np
 from ..structured import Structure
 from .backend import Decoder, logits_for_suffix
 from .constraint import ConstrainedDistributions, allowed_prefix
-from .drafters import Draft, Drafter, DraftSource, Outcome, ngram_draft
+from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
 from .sampling import (
     AcceptanceRule,
     Distribution,
@@ -356,7 +356,11 @@ class Generation:
             else []
         )
         if forced:  # free to propose, and the target can write nothing else (but spacing)
-            draft = ngram_draft(forced, 0, DraftSource.FORCED)
+            draft = (
+                self.drafter.plan_forced(forced)
+                if isinstance(self.drafter, ForcedPlanner)
+                else ngram_draft(forced, 0, DraftSource.FORCED)
+            )
         else:
             draft = self.drafter.propose(
                 self.prompt + self.tokens, k, self.settings.sampling, self._chooser
