@@ -19,7 +19,9 @@ they add to a shared pass).
     .venv/bin/python scripts/concurrency_bench.py --clients 1,4 -n 128 -- --no-draft --target large
     .venv/bin/python scripts/concurrency_bench.py --url http://127.0.0.1:8080   # a running one
 
-Also --short: a short request arriving while three long ones run, its latency against solo.
+Also --short: a short request arriving while three long ones run, its latency against solo;
+--copying: the same for an edit of a long file (a request that drafts much alone), with its
+drafts a pass alone and beside the three, and the four's tokens per second.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+COPYING_PROMPT, COPYING_TOKENS = "edit-long-rename-function", 256  # --copying
 STREAM = True  # --no-stream: whole answers (no steady rate, but no client work per token)
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "specdec_cli" / "bench" / "prompts" / "suite.yaml"
@@ -226,39 +229,74 @@ def run(url: str, options: argparse.Namespace) -> dict:
     report["solo_wall_tokens_per_s"] = round(solo_wall, 2)
     if options.short:
         report["short_during_three_long"] = short_during_long(url, options)
+    if options.copying:
+        report["copying_during_three_long"] = copying_during_long(url, options)
     report["health"] = httpx.get(url + "/health").json()
     return report
 
 
-def short_during_long(url: str, options: argparse.Namespace) -> dict:
-    """A short request sent once three long ones are decoding (each has its first token):
-    its latency against solo."""
-    prompts = suite_prompts(4)
-    short_prompt, short_tokens = prompts[0], max(options.max_tokens // 4, 16)
-    ratios = []
-    for _ in range(options.repeats):
-        alone = ask(url, short_prompt, short_tokens, options.temp, options.seed)
-        longs: list[Result] = []
-        decoding = [threading.Event() for _ in prompts[1:]]
+def suite_prompt(prompt_id: str) -> str:
+    entries = yaml.safe_load(SUITE.read_text())["prompts"]
+    return next(entry["text"] for entry in entries if entry.get("id") == prompt_id)
 
-        def long_one(prompt: str, first: threading.Event, into: list[Result] = longs) -> None:
-            tokens = options.max_tokens * 4
-            into.append(ask(url, prompt, tokens, options.temp, options.seed, first))
+
+def short_during_long(url: str, options: argparse.Namespace) -> dict:
+    """A short request sent once three long ones are decoding: its latency against solo."""
+    prompts = suite_prompts(4)
+    return during_three_long(
+        url, options, prompts[0], max(options.max_tokens // 4, 16), prompts[1:]
+    )
+
+
+def copying_during_long(url: str, options: argparse.Namespace) -> dict:
+    """An edit of a long file (a request that drafts 8-9 tokens a pass alone) sent once
+    three long ones are decoding (asked to explain at length, so that they outlast it): its
+    latency against solo, and its drafts a pass."""
+    longs = [f"{p} Explain in detail, step by step, at length." for p in suite_prompts(3)]
+    return during_three_long(url, options, suite_prompt(COPYING_PROMPT), COPYING_TOKENS, longs)
+
+
+def during_three_long(
+    url: str, options: argparse.Namespace, prompt: str, tokens: int, longs_prompts: list[str]
+) -> dict:
+    """`prompt` (`tokens` long) sent once three long requests (`longs_prompts`) are decoding
+    (each has its first token): its latency against solo (its prompt cached both times), how
+    many tokens it drafted a pass alone and beside them, and the four's tokens over their
+    wall time."""
+    ratios, drafted_alone, drafted_busy, group_rates = [], [], [], []
+    ask(url, prompt, tokens, options.temp, options.seed)  # its prompt cached, as below
+    for _ in range(options.repeats):
+        alone = ask(url, prompt, tokens, options.temp, options.seed)
+        longs: list[Result] = []
+        decoding = [threading.Event() for _ in longs_prompts]
+
+        def long_one(text: str, first: threading.Event, into: list[Result] = longs) -> None:
+            into.append(ask(url, text, options.max_tokens * 4, options.temp, options.seed, first))
 
         threads = [
             threading.Thread(target=long_one, args=(p, e))
-            for p, e in zip(prompts[1:], decoding, strict=True)
+            for p, e in zip(longs_prompts, decoding, strict=True)
         ]
+        started = time.perf_counter()
         for thread in threads:
             thread.start()
         for event in decoding:
             event.wait()
-        busy = ask(url, short_prompt, short_tokens, options.temp, options.seed)
+        busy = ask(url, prompt, tokens, options.temp, options.seed)
         for thread in threads:
             thread.join()
+        ended = max(r.ended for r in [busy, *longs])
+        group_rates.append(sum(r.tokens for r in [busy, *longs]) / (ended - started))
         ratios.append(busy.latency / alone.latency)
-        assert busy.text == alone.text, "the short answer changed"
-    return {"latency_vs_solo": [round(r, 2) for r in ratios]}
+        drafted_alone.append(alone.drafted / max(alone.passes, 1))
+        drafted_busy.append(busy.drafted / max(busy.passes, 1))
+        assert busy.text == alone.text, "the answer changed beside the others"
+    return {
+        "latency_vs_solo": [round(r, 2) for r in ratios],
+        "drafted_per_pass_alone": [round(d, 2) for d in drafted_alone],
+        "drafted_per_pass_beside_three": [round(d, 2) for d in drafted_busy],
+        "four_requests_tokens_per_s": [round(r, 1) for r in group_rates],
+    }
 
 
 def main() -> None:
@@ -272,6 +310,7 @@ def main() -> None:
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--short", action="store_true")
+    parser.add_argument("--copying", action="store_true")
     parser.add_argument("--no-stream", action="store_true", help="whole answers: wall only")
     parser.add_argument("serve_args", nargs="*", help="after --: specdec serve's options")
     options = parser.parse_args()
