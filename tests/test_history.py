@@ -14,7 +14,7 @@ from specdec_cli.cli import app
 from specdec_cli.commands.history_file import HistoryFile, summarize
 from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.costs import CostModel
-from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.drafters import NO_MATCH, NgramDrafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.history import KEY_TOKENS, HistoryIndex
 from specdec_cli.decoding.modes import use_history
@@ -208,3 +208,15 @@ def test_loading_a_file_past_its_bound_keeps_the_newest_documents_that_fit(tmp_p
         writer.append([i, *range(100, 109)])  # 10 tokens each
     index, _ = HistoryFile(tmp_path, "vocab", max_tokens=35).load()
     assert [d[0] for d in index.documents()] == [7, 8, 9]
+
+
+def test_a_lookup_while_another_thread_appends_sees_only_whole_ngrams():
+    # serve --parallel: the slots of one key share its history, and one slot's lookup can
+    # run while another's finished answer is being appended. Here the table is caught
+    # half-way: an n-gram's end is recorded, the token after it not yet.
+    index = HistoryIndex(1000)
+    index.add([5, 6, 7, 8, 9, 10])
+    index._table.extend([1, 2, 3, 4])  # the context's ending, no continuation yet
+    assert index.lookup([0, 1, 2, 3, 4], 4) == NO_MATCH
+    index._table.extend([11])
+    assert index.lookup([0, 1, 2, 3, 4], 4).tokens == (11,)

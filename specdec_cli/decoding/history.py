@@ -78,30 +78,25 @@ class HistoryIndex:
 
     def lookup(self, context: Sequence[int], max_tokens: int) -> NgramMatch:
         """What most often followed the longest earlier matches of the context's ending
-        (ties: the most recent). `length` is the match length in tokens. Only looks."""
+        (ties: the most recent). `length` is the match length in tokens. Only looks.
+
+        Safe beside one `add` in another thread (serve's slots share a key's history): it
+        reads one table throughout (`add` may put a new one in place) and only n-grams
+        whose next token is there already (`add` may be half-way through a document)."""
         if len(context) < KEY_TOKENS or max_tokens <= 0:
             return NO_MATCH
-        ends = self._table.ends(context[-KEY_TOKENS:])
-        if not ends:
+        table = self._table
+        tokens = table.tokens
+        whole = len(tokens) - 1
+        recent = [end for end in table.ends(context[-KEY_TOKENS:])[-CANDIDATES:] if end < whole]
+        if not recent:
             return NO_MATCH
-        recent = ends[-CANDIDATES:]
-        lengths = [self._match_length(context, end) for end in recent]
+        lengths = [_match_length(tokens, context, end) for end in recent]
         longest = max(lengths)
         best = [end for end, n in zip(recent, lengths, strict=True) if n == longest]
-        tokens = self._table.tokens
         following = Counter(tokens[end + 1] for end in best)
         token = max(reversed(best), key=lambda end: following[tokens[end + 1]])
-        return NgramMatch(self._table.following(token, max_tokens), longest, token)
-
-    def _match_length(self, context: Sequence[int], end: int) -> int:
-        n = KEY_TOKENS
-        while (
-            n < min(LONGEST_MATCH, len(context))
-            and end - n >= 0
-            and self._table.tokens[end - n] == context[-n - 1]
-        ):
-            n += 1
-        return n
+        return NgramMatch(table.following(token, max_tokens), longest, token)
 
     def _rebuild(self) -> None:
         self._table = NgramTable(range(KEY_TOKENS, KEY_TOKENS + 1))
@@ -111,3 +106,13 @@ class HistoryIndex:
     def _append(self, document: tuple[int, ...]) -> None:
         self._table.extend(document)
         self._table.end_document()  # no match or continuation crosses into the next one
+
+
+def _match_length(tokens: Sequence[int], context: Sequence[int], end: int) -> int:
+    """How many tokens of the context's ending match the tokens ending at `end`."""
+    n = KEY_TOKENS
+    while (
+        n < min(LONGEST_MATCH, len(context)) and end - n >= 0 and tokens[end - n] == context[-n - 1]
+    ):
+        n += 1
+    return n
