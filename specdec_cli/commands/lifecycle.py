@@ -74,11 +74,12 @@ class LoadedPair:
         costs = self.costs  # rounds are shaped by what passes cost (None: no drafts to shape)
         slots = []
         for view in target.split(n, None if costs is None else costs.verify):
-            rounds = view.rounds  # type: ignore[attr-defined]
+            rounds = view.rounds
+            assert rounds is not None  # a split context's views share rounds
             pair = ModelPair(view, None, self.pair.costs)
             if isinstance(draft_model, SharedContexts):
                 pair.add_drafter(draft_model.sibling(rounds.turn), by_text)
-            drafter = self._slot_drafter(pair, by_text, view.alongside)  # type: ignore[attr-defined]
+            drafter = self._slot_drafter(pair, by_text, view.alongside)
             slots.append(Slot(pair, drafter, rounds))
         _learn_together([slot.drafter for slot in slots])
         return slots

@@ -194,14 +194,27 @@ class Rounds:
                 self._changed.notify_all()
 
 
+class SequenceView(Backend, Protocol):
+    """One sequence of a split context: a backend whose generated rows go into rounds."""
+
+    @property
+    def rounds(self) -> Rounds | None:
+        """The rounds it shares with the context's other sequences."""
+        ...
+
+    def alongside(self) -> tuple[int, int]:
+        """How many others its next rows share a pass with, and the most rows of one."""
+        ...
+
+
 @runtime_checkable
 class SharedContexts(Protocol):
     """A backend whose context can hold several requests' sequences (llama_backend)."""
 
     def split(
         self, n_sequences: int, pass_cost: Callable[[int], float] | None = None
-    ) -> list[Backend]:
-        """A backend for each of `n_sequences` sequences of one context; each has `rounds`.
+    ) -> list[SequenceView]:
+        """A backend for each of `n_sequences` sequences of one context.
         `pass_cost`: seconds for a decode of n rows of one sequence (shapes the rounds)."""
         ...
 
