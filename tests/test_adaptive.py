@@ -35,6 +35,7 @@ from specdec_cli.decoding.drafters import (
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.policy import (
+    FORCED_FIRST_PRIOR,
     MIN_ROW_SHARE,
     MODEL_PROBE_TOKENS,
     NGRAM_FIRST_PRIORS,
@@ -632,3 +633,19 @@ def test_forced_drafts_learn_their_own_acceptance():
     assert planner.plan_forced(FORCED).tokens == []
     # The other sources' rates are untouched.
     assert planner.acceptance.for_ngram(4).value == pytest.approx(NGRAM_FIRST_PRIORS[3])
+
+
+def test_a_forced_draft_and_its_continuation_cut_and_learn_each_as_its_own():
+    forced = ngram_draft([21, 22, 23], 0, DraftSource.FORCED)
+    after = ngram_draft([31, 32], 5, DraftSource.NGRAM)
+    both = forced.then(after)
+    assert both.tokens == [21, 22, 23, 31, 32] and both.source == "forced"
+    assert both.cut(2).tokens == [21, 22] and both.cut(2).after is None
+    assert both.cut(4).tokens == [21, 22, 23, 31] and both.cut(4).after.tokens == [31]
+    learned = AcceptanceModel()
+    learned.learn(both, 4)  # all the forced text kept, then the first continuation token
+    assert learned.forced_first.value > FORCED_FIRST_PRIOR
+    assert learned.for_ngram(5).total > learned.for_ngram(5).weight  # the n-gram's own
+    untouched = AcceptanceModel()
+    untouched.learn(both, 1)  # rejected inside the forced text: the continuation unseen
+    assert untouched.for_ngram(5).total == untouched.for_ngram(5).weight

@@ -27,6 +27,7 @@ from specdec_cli.decoding.constraint import (
     masked_distribution,
 )
 from specdec_cli.decoding.costs import CostModel
+from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round, SamplingRule
 from specdec_cli.decoding.policy import FORCED_FIRST_PRIOR
 from specdec_cli.decoding.sampling import SamplingSettings, distribution
@@ -217,6 +218,29 @@ def test_the_planner_drafts_forced_text_where_its_rows_pay(rows_are_cheap):
     assert (drafted.stats.draft_sources["forced"] > 0) == rows_are_cheap
     if rows_are_cheap:  # it learned that half the guesses part at once
         assert planner.acceptance.forced_first.value < FORCED_FIRST_PRIOR
+
+
+def test_forced_text_and_the_drafters_continuation_are_verified_in_one_pass():
+    # This model alternates 1 and 8 under the rule; every other round the next two tokens
+    # are claimed forced, rightly. Rows cost nothing: the planner takes the forced text and
+    # drafts on after it with the n-gram source, the text so far repeating.
+    def right(accepted):
+        if len(accepted) % 2 == 0:
+            return []
+        following = 1 if accepted[-1] == 8 else 8
+        return [following, 9 - following]
+
+    def target():
+        return FakeBackend(
+            table_model(10, seed=5, context=2), 10, end_of_generation={EOS},
+            constraints=lambda _s: RuleConstraint(alternating, forced=right),
+        )  # fmt: skip
+
+    planner = AdaptiveDrafter(CostModel({1: 1.0, 8: 1.0}, 0.0, learn=False), ngram=NgramDrafter())
+    alone, _ = answer(target(), FORCING)
+    drafted, rounds = answer(target(), FORCING, planner)
+    assert drafted.tokens == alone.tokens
+    assert any(str(r.source) == "forced" and r.accepted > 2 for r in rounds)
 
 
 # ---- forced text, and the layout the grammar leaves free -----------------------------------

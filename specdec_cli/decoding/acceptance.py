@@ -109,6 +109,12 @@ class AcceptanceModel:
         return _ngram_rate(self.history_following, HISTORY_NEXT_PRIORS, match_length)
 
     def learn(self, draft: Draft, n_accepted: int) -> None:
+        if draft.after is not None:  # forced text, then another source's continuation
+            own = draft.own_length
+            self.learn(draft.cut(own), n_accepted)
+            if n_accepted >= own:
+                self.learn(draft.after, n_accepted - own)
+            return
         checked = min(len(draft.tokens), n_accepted + 1)  # tokens after a rejection are unseen
         for i in range(checked):
             hit = i < n_accepted

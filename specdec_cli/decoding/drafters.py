@@ -44,18 +44,47 @@ class Draft:
     source: DraftSource
     confidences: list[float] = field(default_factory=list)
     match_length: int = 0
+    # A forced draft's continuation: another source's draft of what follows the forced
+    # text, its tokens the last of `tokens` (then).
+    after: Draft | None = None
 
     @classmethod
     def empty(cls) -> Draft:
         return cls([], [], DraftSource.NONE)
 
+    @property
+    def own_length(self) -> int:
+        """Its tokens from its own source (all but a continuation's)."""
+        return len(self.tokens) - (len(self.after.tokens) if self.after is not None else 0)
+
+    def then(self, after: Draft) -> Draft:
+        """This draft and `after` (another source's draft of what follows it) as one."""
+        if not after.tokens:
+            return self
+        return Draft(
+            self.tokens + after.tokens,
+            self.dists + after.dists,
+            self.source,
+            self.confidences,
+            self.match_length,
+            after,
+        )
+
     def cut(self, n: int) -> Draft:
         """Its first `n` tokens (none: no draft at all)."""
         if n <= 0:
             return Draft.empty()
-        return Draft(
-            self.tokens[:n], self.dists[:n], self.source, self.confidences[:n], self.match_length
+        own = self.own_length
+        mine = Draft(
+            self.tokens[: min(n, own)],
+            self.dists[: min(n, own)],
+            self.source,
+            self.confidences[:n],
+            self.match_length,
         )
+        if self.after is None or n <= own:
+            return mine
+        return mine.then(self.after.cut(n - own))
 
 
 @dataclass(frozen=True)

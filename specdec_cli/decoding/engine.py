@@ -356,11 +356,7 @@ class Generation:
             else []
         )
         if forced:  # free to propose, and the target can write nothing else (but spacing)
-            draft = (
-                self.drafter.plan_forced(forced)
-                if isinstance(self.drafter, ForcedPlanner)
-                else ngram_draft(forced, 0, DraftSource.FORCED)
-            )
+            draft = self._forced_draft(forced, k)
         else:
             draft = self.drafter.propose(
                 self.prompt + self.tokens, k, self.settings.sampling, self._chooser
@@ -371,6 +367,21 @@ class Generation:
         if self._constraint is not None and self._choices_are_the_targets:
             draft = draft.cut(allowed_prefix(draft.tokens, self._constraint))
         return draft, time.perf_counter() - began
+
+    def _forced_draft(self, forced: list[int], k: int) -> Draft:
+        """The forced text as far as the planner takes it; where it takes all of it, what
+        the drafter proposes after it, in the same round (a schema's key, then its value:
+        one pass instead of two)."""
+        if not isinstance(self.drafter, ForcedPlanner):
+            return ngram_draft(forced, 0, DraftSource.FORCED)
+        draft = self.drafter.plan_forced(forced)
+        room = k - len(draft.tokens)
+        if not draft.tokens or len(draft.tokens) < len(forced) or room <= 0:
+            return draft
+        assert self.drafter is not None
+        context = self.prompt + self.tokens + draft.tokens
+        after = self.drafter.propose(context, room, self.settings.sampling, self._chooser)
+        return draft.then(after)
 
     @property
     def _choices_are_the_targets(self) -> bool:
