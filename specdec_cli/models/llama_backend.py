@@ -402,33 +402,17 @@ class LlamaBackend:
         rows = [len(by_seq[seq].tokens) if seq in by_seq else 0 for seq in range(first, last + 1)]
         widths = round_widths(rows, self._pass_cost, self.n_batch)
         lanes = self._round_lanes(by_seq, range(first, last + 1), widths)
-        n = sum(width for _, _, width in lanes)
-        if n > self.n_batch:
-            raise ValueError(f"{n} rows of {len(lanes)} sequences exceed a batch of {self.n_batch}")
-        filler = parts[0].tokens[-1]
-        lane_starts = []
-        start = 0
-        for view, part, width in lanes:
-            rows_of_lane = slice(start, start + width)
-            tokens = list(part.tokens) if part is not None else []
-            base = len(view.cached)
-            self._batch_token[rows_of_lane] = [*tokens, *[filler] * (width - len(tokens))]
-            self._batch_pos[rows_of_lane] = np.arange(base, base + width)
-            self._batch_logits[rows_of_lane] = [1] * len(tokens) + [0] * (width - len(tokens))
-            for row in range(start, start + width):
-                self._batch.seq_id[row][0] = view._seq
-            lane_starts.append(start)
-            start += width
-        self._batch.n_tokens = n
+        starts = self._fill_round_batch(lanes, filler=parts[0].tokens[-1])
+        n = self._batch.n_tokens
         if _set_invariant_rows is not None:  # every row of the round, invariant
             _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if self.exact else 0)
         status = _llama_decode(self._ctx, self._batch)
-        for (view, part, _), lane_start in zip(lanes, lane_starts, strict=True):
+        for (view, part, _), start in zip(lanes, starts, strict=True):
             real = 0 if part is None or status != 0 else len(part.tokens)
             llama_cpp.llama_memory_seq_rm(self._memory, view._seq, len(view.cached) + real, -1)
             if real:
                 assert part is not None
-                part.logits = self._output_rows(lane_start, real)
+                part.logits = self._output_rows(start, real)
                 view.cached.extend(part.tokens)
                 view.tokens_decoded += real
                 view.decode_calls += 1
@@ -436,6 +420,29 @@ class LlamaBackend:
             position = min(len(view.cached) for view, _, _ in lanes)
             raise decode_failure(status, position, self.n_ctx)
         return n - sum(len(part.tokens) for part in parts)
+
+    def _fill_round_batch(
+        self, lanes: list[tuple[LlamaBackend, Part | None, int]], filler: int
+    ) -> list[int]:
+        """The batch holds the lanes one after another, each padded with `filler` rows
+        (logits not asked for) to its width; where each lane starts."""
+        n = sum(width for _, _, width in lanes)
+        if n > self.n_batch:
+            raise ValueError(f"{n} rows of {len(lanes)} sequences exceed a batch of {self.n_batch}")
+        starts, start = [], 0
+        for view, part, width in lanes:
+            rows = slice(start, start + width)
+            tokens = list(part.tokens) if part is not None else []
+            base = len(view.cached)
+            self._batch_token[rows] = [*tokens, *[filler] * (width - len(tokens))]
+            self._batch_pos[rows] = np.arange(base, base + width)
+            self._batch_logits[rows] = [1] * len(tokens) + [0] * (width - len(tokens))
+            for row in range(start, start + width):
+                self._batch.seq_id[row][0] = view._seq
+            starts.append(start)
+            start += width
+        self._batch.n_tokens = n
+        return starts
 
     def _round_lanes(
         self, by_seq: dict[int, Part], seqs: range, widths: list[int]
