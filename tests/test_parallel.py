@@ -174,3 +174,45 @@ def test_the_control_llama_cpps_own_kernels_part_from_the_solo_logits(tiny_model
         common = min(len(rows), len(solo_rows))
         differing += sum(not np.array_equal(rows[i], solo_rows[i]) for i in range(common))
     assert differing > 0
+
+
+def test_the_slots_drafters_step_together_and_every_answer_stays_its_own(tiny_models):
+    # Four requests, each drafted for by a sequence of one split drafter context whose
+    # steps join the target's rounds as a pool of their own (the classic loop: a draft of
+    # six every round, so the four draft at the same time).
+    owner = LlamaBackend(tiny_models.target, n_ctx=512, n_threads=1, exact=True)
+    draft_owner = LlamaBackend(tiny_models.close_drafter, n_ctx=512, n_threads=1)
+    views = owner.split(len(PROMPTS))
+    rounds = views[0].rounds
+    assert rounds is not None
+    draft_views = draft_owner.split(len(PROMPTS), rounds=rounds)
+    everyone_in = threading.Barrier(len(PROMPTS))
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def answer(seq: int) -> None:
+        try:
+            with rounds.taking_part(seq):
+                rounds.join(seq)
+                everyone_in.wait()
+                view = views[seq]
+                prompt = view.tokenize(PROMPTS[seq], add_special=True)
+                drafter = build_drafter("fixed", view, draft_views[seq])
+                results[seq] = Generation(view, prompt, GREEDY, drafter=drafter).run().tokens
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+            everyone_in.abort()
+
+    threads = [threading.Thread(target=answer, args=(seq,)) for seq in EVERY]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    owner.close()
+    draft_owner.close()
+    if errors:
+        raise errors[0]
+    assert rounds.stats.drafter_parts > rounds.stats.drafter_rounds > 0  # steps shared
+    for seq, text in enumerate(PROMPTS):
+        solo, _ = alone(tiny_models.target, text, GREEDY, exact=True)
+        assert results[seq] == solo.tokens

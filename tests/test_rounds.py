@@ -182,3 +182,35 @@ def test_a_turn_waiting_beside_rounds_that_are_always_ready_gets_the_next_one():
     for thread in (*generating, chunk):
         thread.join()
     assert order == ["round", "turn", "round", "round"]
+
+
+class PoolSubmitter(Submitter):
+    def __init__(self, rounds: Rounds, seq: int, tokens: list[int], pool: int) -> None:
+        self.pool = pool
+        super().__init__(rounds, seq, tokens)
+
+    def run(self) -> None:
+        try:
+            self.logits = self.rounds.submit(self.seq, self.tokens, self.pool, 1)
+        except BaseException as error:
+            self.error = error
+
+
+def test_the_drafters_steps_share_a_round_before_the_targets_verification():
+    target, drafters = FakePass(), FakePass()
+    rounds = Rounds(target)
+    pool = rounds.add_pool(drafters)
+    for seq in (0, 1, 2):
+        rounds.join(seq)
+    verifying = Submitter(rounds, 0, [5, 6])
+    assert waits_for_a_round(rounds, 0)
+    stepping = [PoolSubmitter(rounds, seq, [seq], pool) for seq in (1, 2)]
+    for thread in stepping:
+        thread.join()  # the two steps ran together, while 0's verification waited
+    assert drafters.passes == [[(1, [1]), (2, [2])]] and target.passes == []
+    rest = [Submitter(rounds, seq, [seq]) for seq in (1, 2)]
+    for thread in [verifying, *rest]:
+        thread.join()
+    assert target.passes == [[(0, [5, 6]), (1, [1]), (2, [2])]]
+    assert rounds.stats.drafter_rounds == 1 and rounds.stats.drafter_parts == 2
+    assert rounds.stats.rounds == 1  # the drafters' round is not the target's

@@ -63,8 +63,9 @@ class LoadedPair:
     def slots(self, n: int) -> list[Slot]:
         """`n` pairs that answer requests side by side (serve --parallel): the target's
         context split into `n` sequences whose generated rows share each pass (rounds.py),
-        and for each a drafter on its own context of the drafter's weights, starting from the
-        costs this pair measured. One slot is the pair itself."""
+        and for each a drafter: a sequence of the drafter's context split the same way, its
+        steps in the same rounds; starting from the costs this pair measured. One slot is
+        the pair itself."""
         if n == 1:
             return [Slot(self.pair, self.drafter, None)]
         target, draft_model = self.pair.target, self.pair.drafter
@@ -72,13 +73,17 @@ class LoadedPair:
             raise SpecdecError("this backend cannot answer requests side by side.")
         by_text = self.pair.drafts_by_text(draft_model)
         costs = self.costs  # rounds are shaped by what passes cost (None: no drafts to shape)
+        views = target.split(n, None if costs is None else costs.verify)
+        rounds = views[0].rounds
+        assert rounds is not None  # a split context's views share rounds
+        drafters: list = [None] * n
+        if isinstance(draft_model, SharedContexts):  # their steps in the same rounds
+            drafters = draft_model.split(n, rounds=rounds)
         slots = []
-        for view in target.split(n, None if costs is None else costs.verify):
-            rounds = view.rounds
-            assert rounds is not None  # a split context's views share rounds
+        for view, draft_view in zip(views, drafters, strict=True):
             pair = ModelPair(view, None, self.pair.costs)
-            if isinstance(draft_model, SharedContexts):
-                pair.add_drafter(draft_model.sibling(rounds.turn), by_text)
+            if draft_view is not None:
+                pair.add_drafter(draft_view, by_text)
             drafter = self._slot_drafter(pair, by_text, view.alongside)
             slots.append(Slot(pair, drafter, rounds))
         _learn_together([slot.drafter for slot in slots])

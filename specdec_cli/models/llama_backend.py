@@ -72,6 +72,11 @@ EXACT_BATCH_ROWS = 64
 # Exact mode cuts prompts into chunks of this many tokens at fixed positions (0, 128, ...), so
 # a prompt is computed the same way whatever an earlier request left in the cache.
 PROMPT_CHUNK = 128
+# serve --parallel: a slot's drafter decode of up to this many tokens (its steps, and its
+# catch-up after a verified draft: at most the longest draft and the target's token) goes
+# into the slots' shared drafter rounds; a longer one (a new request's prompt) takes a turn
+# of its own, as prompts do.
+DRAFT_ROUND_ROWS = 64
 
 
 def native_function(name: str, argtypes: list, restype):
@@ -245,16 +250,17 @@ class LlamaBackend:
         self._spellings: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._seq = 0
-        self._owns_model = self._owns_context = True  # not a `split` view or a `sibling`
-        self._children: list[LlamaBackend] = []  # its views and siblings: closed before it
+        self._owns_model = self._owns_context = True  # not a `split` view
+        self._children: list[LlamaBackend] = []  # its views: closed before it
         self._rounds: Rounds | None = None  # set on the views of a split context
+        self._pool = 0  # which of the rounds' contexts a view's parts go to (Rounds.add_pool)
         self._turn: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self._open_context(n_ctx)
 
     def resize_context(self, n_ctx: int) -> None:
         """An empty context of `n_ctx` tokens in place of this one; the weights stay loaded."""
         if not self._owns_context or self._children:
-            raise RuntimeError("a context shared with views or siblings cannot be resized")
+            raise RuntimeError("a context shared with views cannot be resized")
         self._close_context()
         self._open_context(n_ctx)
 
@@ -271,14 +277,15 @@ class LlamaBackend:
                 "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
             )
 
-    def _open_context(self, n_ctx: int, n_sequences: int = 1) -> None:
+    def _open_context(self, n_ctx: int, n_sequences: int = 1, unified: bool = False) -> None:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self._n_batch_wanted
         params.n_seq_max = n_sequences
         if n_sequences > 1:
-            # A stream of cells per sequence, in position order as alone: see `split`.
-            params.kv_unified = False
+            # A stream of cells per sequence, in position order as alone (see `split`),
+            # unless the logits need not be exact (the slots' drafters).
+            params.kv_unified = unified
         params.n_threads = params.n_threads_batch = self._n_threads
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
@@ -331,7 +338,10 @@ class LlamaBackend:
     # -- several sequences -------------------------------------------------------------------
 
     def split(
-        self, n_sequences: int, pass_cost: Callable[[int], float] | None = None
+        self,
+        n_sequences: int,
+        pass_cost: Callable[[int], float] | None = None,
+        rounds: Rounds | None = None,
     ) -> list[LlamaBackend]:
         """A backend for each of `n_sequences` KV sequences of one new context, each of this
         context's size (serve --parallel). Their generated rows are decoded together in
@@ -339,26 +349,35 @@ class LlamaBackend:
 
         Exact mode stays exact (docs/multi-sequence-exactness.md): a stream of cells per
         sequence (kv_unified off), kept in position order as alone; prompts alone; in a
-        round each sequence's rows together, padded to the same count (llama.cpp cuts a
-        batch into equal shares of each sequence: one graph compute instead of several), and
+        round each sequence's rows together, padded or left ragged (`_decode_round`), and
         batch-invariant kernels for all the round's rows. This backend keeps the model and
         the context, and is not decoded with any more. `pass_cost`: seconds for a decode of
-        n rows of one sequence, by which a round's parts are padded or left ragged
-        (`_decode_round`); without it, padded."""
+        n rows of one sequence, by which a round's parts are padded or left ragged;
+        without it, padded.
+
+        With `rounds` (another split context's: the target's), this one's sequences are the
+        slots' drafters: their steps join those rounds as a pool of their own, several
+        requests' steps in one decode (`_decode_drafter_round`), in one cache for all
+        (kv_unified: a drafter's logits need not be exact)."""
         per_sequence, solo_batch = self.n_ctx, self.n_batch
         self._close_context()
-        self._n_batch_wanted = max(solo_batch, n_sequences * EXACT_BATCH_ROWS)  # a full round
-        self._open_context(per_sequence * n_sequences, n_sequences)
+        rows = EXACT_BATCH_ROWS if rounds is None else DRAFT_ROUND_ROWS
+        self._n_batch_wanted = max(solo_batch, n_sequences * rows)  # a full round
+        self._open_context(per_sequence * n_sequences, n_sequences, unified=rounds is not None)
+        self.n_ctx = per_sequence
         self._pass_cost = pass_cost
-        self._rounds_of_views = Rounds(self._decode_round)
-        self._views = {seq: self._view(seq, solo_batch) for seq in range(n_sequences)}
+        if rounds is None:
+            self._rounds_of_views, pool = Rounds(self._decode_round), 0
+        else:
+            self._rounds_of_views, pool = rounds, rounds.add_pool(self._decode_drafter_round)
+        self._views = {seq: self._view(seq, solo_batch, pool) for seq in range(n_sequences)}
         return list(self._views.values())
 
-    def _view(self, seq: int, n_batch: int) -> LlamaBackend:
+    def _view(self, seq: int, n_batch: int, pool: int) -> LlamaBackend:
         view = copy.copy(self)
         view.n_batch = n_batch  # its own decodes are cut as alone
         view._owns_model = view._owns_context = False
-        view._seq, view._rounds = seq, self._rounds_of_views
+        view._seq, view._rounds, view._pool = seq, self._rounds_of_views, pool
         view._turn = self._rounds_of_views.turn
         view.cached, view._aligned_prompt_end, view._children = [], 0, []
         view.tokens_decoded = view.decode_calls = 0
@@ -375,18 +394,6 @@ class LlamaBackend:
     def rounds(self) -> Rounds | None:
         """The rounds a split context's views share (None for a backend of its own)."""
         return self._rounds
-
-    def sibling(self, turn: Callable[[], contextlib.AbstractContextManager]) -> LlamaBackend:
-        """Another context of this context's size on the same weights (a drafter for each
-        of serve's slots), its decodes taking `turn`s with the others'."""
-        view = copy.copy(self)
-        view._owns_model, view._owns_context = False, True
-        view._seq, view._rounds, view._turn = 0, None, turn
-        view.tokens_decoded = view.decode_calls = 0
-        view._children = []
-        view._open_context(self.n_ctx)
-        self._children.append(view)
-        return view
 
     def _decode_round(self, parts: list[Part]) -> int:
         """Every part's rows in one llama_decode, sequence after sequence. llama.cpp computes
@@ -444,6 +451,43 @@ class LlamaBackend:
         self._batch.n_tokens = n
         return starts
 
+    def _decode_drafter_round(self, parts: list[Part]) -> int:
+        """The drafters' parts (each the last of its rows' logits wanted) one after another
+        in one llama_decode, llama.cpp's own kernels: one compute for all in a unified
+        cache, no padding."""
+        n = sum(len(part.tokens) for part in parts)
+        if n > self.n_batch:
+            raise ValueError(f"{n} drafter rows exceed a batch of {self.n_batch}")
+        firsts, start = [], 0
+        for part in parts:
+            view, k = self._views[part.seq], len(part.tokens)
+            wanted = part.n_logits or k
+            rows = slice(start, start + k)
+            self._batch_token[rows] = part.tokens
+            self._batch_pos[rows] = np.arange(len(view.cached), len(view.cached) + k)
+            self._batch_logits[rows] = [0] * (k - wanted) + [1] * wanted
+            for row in range(start, start + k):
+                self._batch.seq_id[row][0] = part.seq
+            firsts.append(start + k - wanted)
+            start += k
+        self._batch.n_tokens = n
+        if _set_invariant_rows is not None:
+            _set_invariant_rows(0)
+        status = _llama_decode(self._ctx, self._batch)
+        for part, first in zip(parts, firsts, strict=True):
+            view = self._views[part.seq]
+            if status != 0:  # a failed decode may have left some of its cells: none kept
+                llama_cpp.llama_memory_seq_rm(self._memory, part.seq, len(view.cached), -1)
+                continue
+            part.logits = self._output_rows(first, part.n_logits or len(part.tokens))
+            view.cached.extend(part.tokens)
+            view.tokens_decoded += len(part.tokens)
+            view.decode_calls += 1
+        if status != 0:
+            position = min(len(self._views[part.seq].cached) for part in parts)
+            raise decode_failure(status, position, self.n_ctx)
+        return 0
+
     def _round_lanes(
         self, by_seq: dict[int, Part], seqs: range, widths: list[int]
     ) -> list[tuple[LlamaBackend, Part | None, int]]:
@@ -479,8 +523,10 @@ class LlamaBackend:
         # must not depend on their batch in exact mode. A prompt (only its last row wanted)
         # keeps the fast kernels: it is decoded alone, the same way with or without drafts.
         generated = not prompt and len(tokens) == n_logit_rows
-        if generated and self._rounds is not None:  # into the next round
-            return self._rounds.submit(self._seq, tokens)
+        if self._rounds is not None and (
+            generated if self._pool == 0 else self._steps(tokens, prompt)
+        ):
+            return self._rounds.submit(self._seq, tokens, self._pool, n_logit_rows)
         if prompt and self.exact:
             return self._decode_prompt_aligned(tokens, n_logit_rows)
         bounds = chunk_bounds(len(tokens), self.n_batch, n_logit_rows)
@@ -489,6 +535,11 @@ class LlamaBackend:
             rows = n_logit_rows if is_last else 0
             logits = self._decode_chunk(tokens[start:stop], rows, generated and self.exact)
         return logits
+
+    @staticmethod
+    def _steps(tokens: Sequence[int], prompt: bool) -> bool:
+        """A drafter's decode that joins the slots' drafter rounds (DRAFT_ROUND_ROWS)."""
+        return not prompt and len(tokens) <= DRAFT_ROUND_ROWS
 
     def _decode_prompt_aligned(self, tokens: list[int], n_logit_rows: int) -> np.ndarray:
         """Exact mode's prompts. A prompt's keys and logits depend on how it is cut into

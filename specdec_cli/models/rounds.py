@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -27,11 +27,14 @@ from ..decoding.backend import Backend
 
 @dataclass
 class Part:
-    """One request's rows in a round: `tokens` appended to sequence `seq`, logits wanted for
-    all of them."""
+    """One request's rows in a round: `tokens` appended to sequence `seq` of the context
+    `pool` (0: the target's; see Rounds.add_pool), logits wanted for the last `n_logits` of
+    them (0: all)."""
 
     seq: int
     tokens: Sequence[int]
+    pool: int = 0
+    n_logits: int = 0
     logits: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
@@ -47,6 +50,9 @@ class RoundStats:
     padding: int = 0  # rows decoded only to shape rounds (llama_backend._decode_round)
     round_seconds: float = 0.0  # decoding rounds
     turn_seconds: float = 0.0  # decoding turns
+    drafter_rounds: int = 0  # rounds of the drafters' steps (the second pool)
+    drafter_parts: int = 0  # requests' steps in them
+    drafter_seconds: float = 0.0
 
     def add(self, parts: int, rows: int, seconds: float) -> None:
         self.rounds += 1
@@ -61,7 +67,7 @@ class Rounds:
         """`decode_together(parts)` decodes every part's tokens in one pass and sets each
         part's `logits` (raising if the pass failed); it returns how many rows of padding
         it decoded with them (None: none)."""
-        self._decode_together = decode_together
+        self._decoders = [decode_together]  # by pool
         self._changed = threading.Condition()
         self._busy = False  # a decode is running on the context
         self._turns_waiting = 0
@@ -72,6 +78,16 @@ class Rounds:
         self._alongside: dict[int, tuple[int, int]] = {}
         self.stats = RoundStats()
 
+    def add_pool(self, decode_together: Callable[[list[Part]], int | None]) -> int:
+        """Another context whose parts take part in rounds (the slots' drafters): its
+        number for `submit`. A round of its parts runs once every generating sequence waits
+        for a round of one pool or the other, before the target's (whose parts cannot go
+        on until the drafters' have), so the drafters' steps of several requests share a
+        decode as their verifications do."""
+        with self._changed:
+            self._decoders.append(decode_together)
+            return len(self._decoders) - 1
+
     # -- rounds ------------------------------------------------------------------------------
 
     def join(self, seq: int) -> None:
@@ -81,9 +97,12 @@ class Rounds:
         with self._changed:
             self._generating.add(seq)
 
-    def submit(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
-        """Decode `tokens` for sequence `seq` in the next round (joining it); their logits."""
-        part = Part(seq, tokens)
+    def submit(
+        self, seq: int, tokens: Sequence[int], pool: int = 0, n_logits: int = 0
+    ) -> np.ndarray:
+        """Decode `tokens` for sequence `seq` of context `pool` in the next round of its
+        pool (joining the rounds); the logits of the last `n_logits` (0: all)."""
+        part = Part(seq, tokens, pool, n_logits)
         with self._changed:
             if seq in self._waiting:
                 raise RuntimeError(f"sequence {seq} already waits for a round")
@@ -102,13 +121,19 @@ class Rounds:
         """Under the lock: wait until the round holding `part` has run (None), or until it
         is ready to run and nobody else runs it: then this thread runs it (its parts)."""
         while not part.done:
-            if not self._busy and self._round_ready() and not self._turn_is_due():
-                batch = [self._waiting[seq] for seq in sorted(self._waiting)]
-                self._waiting.clear()
+            ready = not self._busy and self._round_ready() and not self._turn_is_due()
+            if ready and part.pool == self._next_pool():
+                batch = [p for _, p in sorted(self._waiting.items()) if p.pool == part.pool]
+                for p in batch:
+                    del self._waiting[p.seq]
                 self._busy = True
                 return batch
             self._changed.wait()
         return None
+
+    def _next_pool(self) -> int:
+        """The pool whose parts go next: a drafters' round before the target's."""
+        return max(p.pool for p in self._waiting.values())
 
     def _turn_is_due(self) -> bool:
         """A turn waits and a round ran last: the turn goes next. Rounds and turns that
@@ -123,23 +148,31 @@ class Rounds:
         began = time.perf_counter()
         padding = 0
         try:
-            padding = self._decode_together(batch) or 0
+            padding = self._decoders[batch[0].pool](batch) or 0
         except BaseException as error:  # every request in the pass hears of it
             for part in batch:
                 part.error = error
         finally:
-            rows = sum(len(part.tokens) for part in batch)
             with self._changed:
                 self._last_was_round = True
-                self.stats.add(len(batch), rows, time.perf_counter() - began)
-                self.stats.padding += padding
-                for part in batch:
-                    others = [len(p.tokens) for p in batch if p is not part]
-                    self._alongside[part.seq] = (len(others), max(others, default=0))
+                self._count(batch, padding, time.perf_counter() - began)
                 for part in batch:
                     part.done = True
                 self._busy = False
                 self._changed.notify_all()
+
+    def _count(self, batch: list[Part], padding: int, seconds: float) -> None:
+        """A round's statistics, and (the target's) who shared it with whom."""
+        if batch[0].pool:
+            self.stats.drafter_rounds += 1
+            self.stats.drafter_parts += len(batch)
+            self.stats.drafter_seconds += seconds
+            return
+        self.stats.add(len(batch), sum(len(part.tokens) for part in batch), seconds)
+        self.stats.padding += padding
+        for part in batch:
+            others = [len(p.tokens) for p in batch if p is not part]
+            self._alongside[part.seq] = (len(others), max(others, default=0))
 
     def alongside(self, seq: int) -> tuple[int, int]:
         """The other requests sequence `seq`'s next rows will share a pass with, as far as
@@ -212,12 +245,13 @@ class SharedContexts(Protocol):
     """A backend whose context can hold several requests' sequences (llama_backend)."""
 
     def split(
-        self, n_sequences: int, pass_cost: Callable[[int], float] | None = None
+        self,
+        n_sequences: int,
+        pass_cost: Callable[[int], float] | None = None,
+        rounds: Rounds | None = None,
     ) -> list[SequenceView]:
-        """A backend for each of `n_sequences` sequences of one context.
-        `pass_cost`: seconds for a decode of n rows of one sequence (shapes the rounds)."""
-        ...
-
-    def sibling(self, turn: Callable[[], AbstractContextManager]) -> Backend:
-        """Another context on the same weights, its decodes taking `turn`s."""
+        """A backend for each of `n_sequences` sequences of one context. `pass_cost`:
+        seconds for a decode of n rows of one sequence (shapes the rounds). `rounds`: those
+        of another split context, which this one's steps join as a pool of their own (the
+        slots' drafters)."""
         ...

@@ -224,6 +224,10 @@ class ModelThread:
             "requests_per_pass": round(stats.parts / stats.rounds, 3) if stats.rounds else 0,
             "most_requests_in_a_pass": stats.largest,
             "padding_rows": stats.padding,
+            "drafter_passes": stats.drafter_rounds,
+            "drafter_requests_per_pass": (
+                round(stats.drafter_parts / stats.drafter_rounds, 3) if stats.drafter_rounds else 0
+            ),
             "seconds_in_passes": round(stats.round_seconds, 3),
             "turns": stats.turns,
             "seconds_in_turns": round(stats.turn_seconds, 3),
