@@ -73,6 +73,34 @@ def alone(path, text: str, settings: GenerationSettings, exact: bool):
         backend.inner.close()
 
 
+def at_once(rounds, seqs, work) -> dict:
+    """`work(seq)` on a thread per sequence of `seqs`, each taking part in `rounds` from the
+    start (a barrier holds them until all do, so the first rounds hold them all): what
+    each returned, by sequence; the first error raised again."""
+    everyone_in = threading.Barrier(len(seqs))
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def one(seq: int) -> None:
+        try:
+            with rounds.taking_part(seq):
+                rounds.join(seq)
+                everyone_in.wait()
+                results[seq] = work(seq)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+            everyone_in.abort()
+
+    threads = [threading.Thread(target=one, args=(seq,)) for seq in seqs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def side_by_side(
     path, settings: GenerationSettings, exact: bool, taking_part=EVERY, idle=(), pass_cost=None
 ):
@@ -88,31 +116,17 @@ def side_by_side(
     prompts = {seq: views[seq].tokenize(PROMPTS[seq], add_special=True) for seq in idle}
     for seq, view in waiting.items():
         view.decode(prompts[seq], 1, prompt=True)
-    everyone_in = threading.Barrier(len(taking_part))
-    results: dict[int, tuple] = {}
-    errors: list[BaseException] = []
 
-    def answer(seq: int) -> None:
+    def answer(seq: int) -> tuple:
         view = Recording(views[seq])
-        try:
-            with rounds.taking_part(seq):
-                rounds.join(seq)  # takes part from the start: the first rounds hold all four
-                everyone_in.wait()
-                results[seq] = (generate(view, PROMPTS[seq], settings), view.rows)
-        except BaseException as error:  # reported by the main thread
-            errors.append(error)
-            everyone_in.abort()
+        return generate(view, PROMPTS[seq], settings), view.rows
 
-    threads = [threading.Thread(target=answer, args=(seq,)) for seq in taking_part]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for seq, view in waiting.items():
-        results[seq] = (Generation(view, prompts[seq], settings).run(), view.rows)
-    owner.close()
-    if errors:
-        raise errors[0]
+    try:
+        results = at_once(rounds, taking_part, answer)
+        for seq, view in waiting.items():
+            results[seq] = (Generation(view, prompts[seq], settings).run(), view.rows)
+    finally:
+        owner.close()
     return [results[seq] for seq in sorted(results)], rounds.stats
 
 
@@ -186,32 +200,18 @@ def test_the_slots_drafters_step_together_and_every_answer_stays_its_own(tiny_mo
     rounds = views[0].rounds
     assert rounds is not None
     draft_views = draft_owner.split(len(PROMPTS), rounds=rounds)
-    everyone_in = threading.Barrier(len(PROMPTS))
-    results: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
 
-    def answer(seq: int) -> None:
-        try:
-            with rounds.taking_part(seq):
-                rounds.join(seq)
-                everyone_in.wait()
-                view = views[seq]
-                prompt = view.tokenize(PROMPTS[seq], add_special=True)
-                drafter = build_drafter("fixed", view, draft_views[seq])
-                results[seq] = Generation(view, prompt, GREEDY, drafter=drafter).run().tokens
-        except BaseException as error:  # reported by the main thread
-            errors.append(error)
-            everyone_in.abort()
+    def answer(seq: int) -> list[int]:
+        view = views[seq]
+        prompt = view.tokenize(PROMPTS[seq], add_special=True)
+        drafter = build_drafter("fixed", view, draft_views[seq])
+        return Generation(view, prompt, GREEDY, drafter=drafter).run().tokens
 
-    threads = [threading.Thread(target=answer, args=(seq,)) for seq in EVERY]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    owner.close()
-    draft_owner.close()
-    if errors:
-        raise errors[0]
+    try:
+        results = at_once(rounds, EVERY, answer)
+    finally:
+        owner.close()
+        draft_owner.close()
     assert rounds.stats.drafter_parts > rounds.stats.drafter_rounds > 0  # steps shared
     for seq, text in enumerate(PROMPTS):
         solo, _ = alone(tiny_models.target, text, GREEDY, exact=True)
