@@ -83,7 +83,7 @@ class CostModel:
         return prior[:up_to] * np.interp(wanted, sizes, ratios)
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        if self.learn and seconds > 0:
+        if self.learning and seconds > 0:
             recent = self._observed.setdefault(n_tokens, deque(maxlen=COST_WINDOW))
             recent.append(seconds)
             self._medians[n_tokens] = float(np.median(recent))
@@ -96,7 +96,7 @@ class CostModel:
         return self.learn
 
     def observe_draft_step(self, seconds: float) -> None:
-        if self.learn and seconds > 0:
+        if self.learning and seconds > 0:
             self._steps.append(seconds)
             self.draft_step = float(np.median(self._steps))
 
@@ -180,14 +180,6 @@ class SharedPassCosts(CostModel):
     @property
     def learning(self) -> bool:
         return self.learn and self.alongside()[0] <= 0
-
-    def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        if self.learning:
-            super().observe_verify(n_tokens, seconds)
-
-    def observe_draft_step(self, seconds: float) -> None:
-        if self.learning:
-            super().observe_draft_step(seconds)
 
     def verify(self, n_tokens: int) -> float:
         return self.verify_sizes(n_tokens)[-1]
