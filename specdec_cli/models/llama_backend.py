@@ -207,6 +207,10 @@ def _library_build() -> str:
     return hashlib.sha256("|".join(stamps).encode()).hexdigest()[:12]
 
 
+# A round's lane: a sequence's view, its part (None: padding only) and its rows' count.
+Lane = tuple["LlamaBackend", Part | None, int]
+
+
 class LlamaBackend:
     """One GGUF model with one context and a KV-cache sequence in it: its only one, or one
     of several that share the context (`split`)."""
@@ -409,30 +413,48 @@ class LlamaBackend:
         rows = [len(by_seq[seq].tokens) if seq in by_seq else 0 for seq in range(first, last + 1)]
         widths = round_widths(rows, self._pass_cost, self.n_batch)
         lanes = self._round_lanes(by_seq, range(first, last + 1), widths)
-        starts = self._fill_round_batch(lanes, filler=parts[0].tokens[-1])
+        return self._decode_lanes(lanes, filler=parts[0].tokens[-1], invariant=self.exact)
+
+    def _decode_drafter_round(self, parts: list[Part]) -> int:
+        """The drafters' parts one after another in one llama_decode, llama.cpp's own
+        kernels: a unified cache makes one compute of them whatever their widths, so none
+        is padded."""
+        lanes: list[Lane] = [(self._views[part.seq], part, len(part.tokens)) for part in parts]
+        return self._decode_lanes(lanes, filler=0, invariant=False)
+
+    def _decode_lanes(
+        self, lanes: list[Lane], filler: int, invariant: bool
+    ) -> int:
+        """One llama_decode of the lanes, one after another, each padded with `filler` rows
+        to its width; each part gets the logits of its last `n_logits` rows (0: all), and
+        its view the tokens; padding cells are removed again. How many padding rows there
+        were."""
+        starts = self._fill_round_batch(lanes, filler)
         n = self._batch.n_tokens
-        if _set_invariant_rows is not None:  # every row of the round, invariant
-            _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if self.exact else 0)
+        if _set_invariant_rows is not None:  # every row of the round, invariant or none
+            _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if invariant else 0)
         status = _llama_decode(self._ctx, self._batch)
         for (view, part, _), start in zip(lanes, starts, strict=True):
             real = 0 if part is None or status != 0 else len(part.tokens)
             llama_cpp.llama_memory_seq_rm(self._memory, view._seq, len(view.cached) + real, -1)
             if real:
                 assert part is not None
-                part.logits = self._output_rows(start, real)
+                wanted = part.n_logits or real
+                part.logits = self._output_rows(start + real - wanted, wanted)
                 view.cached.extend(part.tokens)
                 view.tokens_decoded += real
                 view.decode_calls += 1
         if status != 0:
             position = min(len(view.cached) for view, _, _ in lanes)
             raise decode_failure(status, position, self.n_ctx)
-        return n - sum(len(part.tokens) for part in parts)
+        return n - sum(len(part.tokens) for _, part, _ in lanes if part is not None)
 
     def _fill_round_batch(
-        self, lanes: list[tuple[LlamaBackend, Part | None, int]], filler: int
+        self, lanes: list[Lane], filler: int
     ) -> list[int]:
         """The batch holds the lanes one after another, each padded with `filler` rows
-        (logits not asked for) to its width; where each lane starts."""
+        (logits not asked for) to its width, a part's last `n_logits` rows (0: all) asked
+        for; where each lane starts."""
         n = sum(width for _, _, width in lanes)
         if n > self.n_batch:
             raise ValueError(f"{n} rows of {len(lanes)} sequences exceed a batch of {self.n_batch}")
@@ -440,10 +462,12 @@ class LlamaBackend:
         for view, part, width in lanes:
             rows = slice(start, start + width)
             tokens = list(part.tokens) if part is not None else []
+            wanted = (part.n_logits or len(tokens)) if part is not None else 0
             base = len(view.cached)
             self._batch_token[rows] = [*tokens, *[filler] * (width - len(tokens))]
             self._batch_pos[rows] = np.arange(base, base + width)
-            self._batch_logits[rows] = [1] * len(tokens) + [0] * (width - len(tokens))
+            asked = [0] * (len(tokens) - wanted) + [1] * wanted
+            self._batch_logits[rows] = asked + [0] * (width - len(tokens))
             for row in range(start, start + width):
                 self._batch.seq_id[row][0] = view._seq
             starts.append(start)
@@ -451,49 +475,12 @@ class LlamaBackend:
         self._batch.n_tokens = n
         return starts
 
-    def _decode_drafter_round(self, parts: list[Part]) -> int:
-        """The drafters' parts (each the last of its rows' logits wanted) one after another
-        in one llama_decode, llama.cpp's own kernels: one compute for all in a unified
-        cache, no padding."""
-        n = sum(len(part.tokens) for part in parts)
-        if n > self.n_batch:
-            raise ValueError(f"{n} drafter rows exceed a batch of {self.n_batch}")
-        firsts, start = [], 0
-        for part in parts:
-            view, k = self._views[part.seq], len(part.tokens)
-            wanted = part.n_logits or k
-            rows = slice(start, start + k)
-            self._batch_token[rows] = part.tokens
-            self._batch_pos[rows] = np.arange(len(view.cached), len(view.cached) + k)
-            self._batch_logits[rows] = [0] * (k - wanted) + [1] * wanted
-            for row in range(start, start + k):
-                self._batch.seq_id[row][0] = part.seq
-            firsts.append(start + k - wanted)
-            start += k
-        self._batch.n_tokens = n
-        if _set_invariant_rows is not None:
-            _set_invariant_rows(0)
-        status = _llama_decode(self._ctx, self._batch)
-        for part, first in zip(parts, firsts, strict=True):
-            view = self._views[part.seq]
-            if status != 0:  # a failed decode may have left some of its cells: none kept
-                llama_cpp.llama_memory_seq_rm(self._memory, part.seq, len(view.cached), -1)
-                continue
-            part.logits = self._output_rows(first, part.n_logits or len(part.tokens))
-            view.cached.extend(part.tokens)
-            view.tokens_decoded += len(part.tokens)
-            view.decode_calls += 1
-        if status != 0:
-            position = min(len(self._views[part.seq].cached) for part in parts)
-            raise decode_failure(status, position, self.n_ctx)
-        return 0
-
     def _round_lanes(
         self, by_seq: dict[int, Part], seqs: range, widths: list[int]
-    ) -> list[tuple[LlamaBackend, Part | None, int]]:
+    ) -> list[Lane]:
         """The round's sequences in order, with their rows' count: each part's, and padding
         for the sequences between them that have room for it."""
-        lanes: list[tuple[LlamaBackend, Part | None, int]] = []
+        lanes: list[Lane] = []
         for seq, width in zip(seqs, widths, strict=True):
             view = self._views[seq]
             if seq in by_seq:
