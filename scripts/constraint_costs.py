@@ -103,9 +103,9 @@ class TimedConstraint:
         self.clock["seconds"] += time.perf_counter() - began
         return twin
 
-    def forced_tokens(self, written=""):
+    def forced_tokens(self, written="", seen=()):
         began = time.perf_counter()
-        tokens = self.inner.forced_tokens(written)
+        tokens = self.inner.forced_tokens(written, seen)
         self.clock["seconds"] += time.perf_counter() - began
         return tokens
 

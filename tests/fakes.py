@@ -345,7 +345,7 @@ class RuleConstraint:
         twin.accepted = self.accepted
         return twin
 
-    def forced_tokens(self, written: str = "") -> list[int]:
+    def forced_tokens(self, written: str = "", seen=()) -> list[int]:
         return self.forced(self.accepted)
 
 

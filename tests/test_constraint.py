@@ -22,9 +22,13 @@ from specdec_cli.decoding.constraint import (
     NoTokenAllowed,
     allowed_best,
     allowed_prefix,
+    closing_layout,
+    forced_draft_tokens,
+    forced_path,
     forced_text,
     layout_guess,
     masked_distribution,
+    plain_spelling,
 )
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import NgramDrafter
@@ -265,13 +269,19 @@ class PrefixConstraint:
         self.text += self.characters.get(token, "")
 
     def copy(self) -> PrefixConstraint:
-        twin = PrefixConstraint(self.texts, self.characters, self.end)
+        twin = type(self)(self.texts, self.characters, self.end)
         twin.text = self.text
         return twin
 
-    def forced_tokens(self, written: str = "") -> list[int]:
+    def forced_tokens(self, written: str = "", seen=()) -> list[int]:
+        ends = [self.end] if self.end >= 0 and self.drafts_the_end else []
+        return forced_draft_tokens(self, self.characters, self.spell, written, ends, seen)
+
+    drafts_the_end = True
+
+    def spell(self, text: str) -> list[int]:
         ids = {c: i for i, c in self.characters.items()}
-        return [ids[c] for c in forced_text(self, self.characters, written)][:-1]
+        return [ids[c] for c in text]
 
 
 CHARACTERS = dict(enumerate(' \n{}":,abxyz0123'))
@@ -336,3 +346,110 @@ def test_forced_drafts_lay_out_the_free_spacing_as_the_prompt_and_answer_do(monk
     unguessed = forced_only(lambda _options, _text: None)
     assert laid_out[0] == unguessed[0] == answer_text  # the same answer either way
     assert laid_out[1] >= unguessed[1] + 4, (laid_out, unguessed)  # the spaces, and more
+
+
+# ---- forced text to the grammar's end, its whitespace, closing brackets, tags ---------------
+
+TAGGED = dict(enumerate(' \n{}":a1</x>'))
+TAG_END = len(TAGGED)
+# a call's JSON, an optional space, then the grammar's own newline and closing tag
+CALLS = ['{"a":1}\n</x>', '{"a":1} \n</x>']
+
+
+def test_forced_text_runs_to_the_grammars_end_and_its_end_token():
+    walker = PrefixConstraint(['{"a":1}', '{"a":1} '], CHARACTERS, end=len(CHARACTERS))
+    forced = forced_path(walker, CHARACTERS, end_tokens=[len(CHARACTERS)])
+    assert forced == constraint.ForcedText('{"a":1}', len(CHARACTERS))  # not the space after
+    spelled = walker.spell('{"a":1}')
+    assert walker.forced_tokens() == [*spelled, len(CHARACTERS)]  # none left out
+    assert forced_path(walker, CHARACTERS).end is None  # no end token to end with
+    unfinished = PrefixConstraint(['{"a":1}x', '{"a":1}y'], CHARACTERS, end=len(CHARACTERS))
+    assert unfinished.forced_tokens() == spelled[:-1]  # more follows: the last one left out
+
+
+def test_the_last_forced_token_is_kept_where_the_answer_wrote_it_on_its_own():
+    walker = PrefixConstraint(['{"a":1}x', '{"a":1}y'], CHARACTERS)
+    spelled = walker.spell('{"a":1}')
+    assert walker.forced_tokens() == spelled[:-1]
+    assert walker.forced_tokens(seen={spelled[-1]}) == spelled
+
+
+def test_where_only_whitespace_may_come_the_grammars_own_is_the_one_before_more_text():
+    walker = PrefixConstraint(CALLS, TAGGED, end=TAG_END)
+    assert forced_text(walker, TAGGED) == '{"a":1}\n</x>'
+    assert walker.forced_tokens()[-1] == TAG_END
+    assert constraint.grammar_whitespace(walker, {" ": 0, "{": 2}, TAGGED) is None  # not all
+
+
+def test_a_bracket_closes_as_the_last_of_its_kind_was_opened():
+    assert closing_layout(" }", '{"a": 1') == "}"
+    assert closing_layout(" }", '{ "a": 1') == " "
+    assert closing_layout(" }", '{ "a": 1 ') == "}"
+    assert closing_layout(" ]", '[ {"a": 1}') == " "
+    assert closing_layout(' "', '{ "a":') is None  # a value may come: not only the layout
+    assert closing_layout(" }", '"a": 1') is None  # nothing was opened
+    assert closing_layout("\t}", '{ "a": 1') is None  # opened with what is not an option
+
+
+def test_added_tokens_are_spelled_as_plain_text():
+    pieces = {"</x>": 100, "<x>": 101, "</": 1, "x": 2, ">": 3, "<": 4, "a": 6, ">a": 7}
+
+    def tokenize(text):  # longest match first, added tokens included
+        tokens = []
+        while text:
+            piece = max((p for p in pieces if text.startswith(p)), key=len)
+            tokens.append(pieces[piece])
+            text = text[len(piece) :]
+        return tokens
+
+    def added(token):
+        return {100: "</x>", 101: "<x>"}.get(token)
+
+    assert tokenize("a</x>a") == [6, 100, 6]
+    assert plain_spelling("a</x>a", tokenize, added) == [6, 1, 2, 7]  # '>a' as BPE would
+    assert plain_spelling("<x>a</x>", tokenize, added) == [4, 2, 7, 1, 2, 3]
+    assert plain_spelling("ax", tokenize, added) == [6, 2]
+
+
+def test_a_forced_draft_that_ends_the_answer_ends_it_in_the_same_pass():
+    # The target writes a call and ends; each character is forced. With the end token in
+    # the forced draft, the pass that verifies the closing tag also ends the answer.
+    answer_text = CALLS[0]
+    ids = {c: i for i, c in TAGGED.items()}
+    pieces = {i: c.encode() for i, c in TAGGED.items()} | {TAG_END: b""}
+
+    def writes_the_call(prefix):
+        row = np.zeros(TAG_END + 1)
+        written = len(prefix) - 1
+        row[ids[answer_text[written]] if written < len(answer_text) else TAG_END] = 10.0
+        return row
+
+    class EndNotDrafted(PrefixConstraint):
+        drafts_the_end = False
+
+    def passes(ends):
+        kind = PrefixConstraint if ends else EndNotDrafted
+        target = FakeBackend(
+            writes_the_call, TAG_END + 1, end_of_generation={TAG_END}, pieces=pieces,
+            constraints=lambda _s: kind(CALLS, TAGGED, TAG_END),
+        )  # fmt: skip
+        settings = GenerationSettings(max_tokens=40, draft_max=16, sampling=GREEDY, structure=ANY)
+        events = list(Generation(target, [ids["a"]], settings, FixedDrafter([])).events())
+        assert events[-1].text == answer_text
+        return sum(isinstance(e, Round) for e in events)
+
+    assert passes(ends=True) == 2  # the prompt's pass, then the whole call and its end
+    assert passes(ends=False) == 3  # the last character left out, then the end alone
+
+
+@pytest.mark.parametrize("dear", [False, True])
+def test_the_planner_takes_a_forced_draft_to_the_end_where_one_pass_costs_less(dear):
+    # Rows cost 0.4 of a pass each: the rate-best part is shorter than the whole, but the
+    # rest would need a pass of its own. Where a row costs more than a pass, it would not.
+    step = 1.5 if dear else 0.4
+    table = {n: 1.0 + step * (n - 1) for n in range(1, 10)}
+    planner = AdaptiveDrafter(CostModel(table, 0.0, learn=False))
+    forced = list(range(8))
+    assert len(planner.plan_forced(forced).tokens) < len(forced) or dear
+    taken = planner.plan_forced(forced, ends=True).tokens
+    assert (taken == forced) == (not dear)

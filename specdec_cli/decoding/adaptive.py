@@ -152,15 +152,22 @@ class AdaptiveDrafter:
         probe = self._model_probe(context, max_tokens, sampling, chooser, catch_up)
         return probe if probe is not None else Draft.empty()
 
-    def plan_forced(self, forced: Sequence[int]) -> Draft:
+    def plan_forced(self, forced: Sequence[int], ends: bool = False) -> Draft:
         """The text a constraint forces next, `forced`, as far as it pays: free to propose,
         with its own acceptance (a grammar's spacing or another tokenisation can part from
-        the target's), and none where a plain step pays more (beside other requests' rows)."""
+        the target's), and none where a plain step pays more (beside other requests' rows).
+        `ends`: its last token ends the answer; then all of it where one pass of it all
+        costs no more than the planned part and a pass for the rest (which the answer
+        cannot do without)."""
         first = self.acceptance.forced_first.value
         following = self.acceptance.forced_following.value
         k, rate = self._best_length(first, following, len(forced), 0.0)
         if k == 0 or rate < self.margin / self.costs.verify(1):
             return Draft.empty()
+        if ends and k < len(forced):
+            verify = self.costs.verify_sizes(len(forced) + 1)
+            if verify[len(forced)] <= verify[k] + verify[len(forced) - k - 1]:
+                k = len(forced)
         return ngram_draft(forced[:k], 0, DraftSource.FORCED)
 
     def _model_probe(

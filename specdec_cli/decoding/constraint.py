@@ -11,8 +11,8 @@ choice needs (usually one: the model's favourite is allowed).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -50,11 +50,10 @@ class Constraint(Protocol):
 
     def copy(self) -> Constraint: ...
 
-    def forced_tokens(self, written: str = "") -> list[int]:
-        """Target tokens spelling text the constraint forces next (see forced_text; where
-        only the layout is free, laid out as `written`, the text so far, lays it out), the
-        last of them left out: the target may write it merged with what follows (`":`
-        where the grammar forces `"`)."""
+    def forced_tokens(self, written: str = "", seen: Collection[int] = ()) -> list[int]:
+        """Target tokens spelling text the constraint forces next (see forced_draft_tokens;
+        where only the layout is free, laid out as `written`, the text so far, lays it
+        out; `seen`: the tokens of the answer so far)."""
         ...
 
 
@@ -165,29 +164,152 @@ def allowed_prefix(draft: Sequence[int], constraint: Constraint) -> int:
     return len(draft)
 
 
+@dataclass(frozen=True)
+class ForcedText:
+    """What a constraint forces from here: `text`, and `end`, the end-of-generation token
+    that must come right after it where the constraint is satisfied there and allows no
+    further character (else None)."""
+
+    text: str
+    end: int | None = None
+
+
 def forced_text(constraint: Constraint, characters: Mapping[int, str], written: str = "") -> str:
+    return forced_path(constraint, characters, written).text
+
+
+def forced_path(
+    constraint: Constraint,
+    characters: Mapping[int, str],
+    written: str = "",
+    end_tokens: Sequence[int] = (),
+) -> ForcedText:
     """The text the constraint allows alone from here: while exactly one of the
     single-character tokens `characters` (id: its character) is allowed, that character;
     where only the layout is free, the character `written` (the text so far) suggests
-    (layout_guess); at most FORCED_MAX_CHARS. Asked on a copy. A grammar that also allows a
-    longer token or a character outside `characters` there only makes this a guess, which
-    the target verifies like any draft."""
+    (layout_guess), or the grammar's own whitespace (grammar_whitespace); at most
+    FORCED_MAX_CHARS. Where no character but whitespace may follow, the first of
+    `end_tokens` allowed there ends it (an answer ends at its closing brace, not a space
+    after it). Asked on a copy. A grammar that also allows a longer token or a
+    character outside `characters` there only makes this a guess, which the target
+    verifies like any draft."""
     walker = constraint.copy()
     ids = np.fromiter(characters, dtype=np.int32, count=len(characters))
     text = ""
     while len(text) < FORCED_MAX_CHARS:
         allowed = ids[walker.allowed(ids)]
-        if len(allowed) == 1:
-            token = int(allowed[0])
-        else:
-            options = {characters[int(i)]: int(i) for i in allowed}
-            guess = layout_guess("".join(options), written + text)
-            if guess is None:
-                break
-            token = options[guess]
+        if all(characters[int(i)].isspace() for i in allowed):  # then the end, if it may
+            end = _first_allowed(walker, end_tokens)
+            if end is not None or not len(allowed):
+                return ForcedText(text, end)
+        token = _next_character(walker, allowed, characters, written + text)
+        if token is None:
+            break
         text += characters[token]
         walker.accept(token)
-    return text
+    return ForcedText(text)
+
+
+def forced_draft_tokens(
+    constraint: Constraint,
+    characters: Mapping[int, str],
+    spell: Callable[[str], list[int]],
+    written: str = "",
+    end_tokens: Sequence[int] = (),
+    seen: Collection[int] = (),
+) -> list[int]:
+    """The forced text (forced_path) in target tokens (`spell`). Where more follows, the
+    last of them is left out unless the answer so far has it (`seen`): the target may write
+    it merged with what follows (`":` where the grammar forces `"`, `": ` spelled as one),
+    but one it wrote before as a token of its own (the space before a number, `' "'`
+    before a string) it will likely write so again. Where the constraint ends after it, all
+    of it and the end token: a tool call's closing tag and the end of the answer in the
+    same pass as its last value's closing brackets."""
+    forced = forced_path(constraint, characters, written, end_tokens)
+    tokens = spell(forced.text) if forced.text else []
+    if forced.end is not None:
+        return [*tokens, forced.end]
+    return tokens if tokens and tokens[-1] in seen else tokens[:-1]
+
+
+def _next_character(
+    walker: Constraint, allowed: np.ndarray, characters: Mapping[int, str], text: str
+) -> int | None:
+    if len(allowed) == 1:
+        return int(allowed[0])
+    options = {characters[int(i)]: int(i) for i in allowed}
+    guess = (
+        layout_guess("".join(options), text)
+        or grammar_whitespace(walker, options, characters)
+        or closing_layout("".join(options), text)
+    )
+    return options[guess] if guess is not None else None
+
+
+def _first_allowed(walker: Constraint, tokens: Sequence[int]) -> int | None:
+    if not tokens:
+        return None
+    ids = np.asarray(tokens, dtype=np.int32)
+    allowed = ids[walker.allowed(ids)]
+    return int(allowed[0]) if len(allowed) else None
+
+
+def grammar_whitespace(
+    walker: Constraint, options: Mapping[str, int], characters: Mapping[int, str]
+) -> str | None:
+    """Where only whitespace may come and the text so far says nothing of it: the one
+    option after which something else may come at once, the grammar's own (the newline
+    before a tool call's closing tag) rather than a layout's optional space. None where
+    not exactly one is."""
+    if not all(option.isspace() for option in options):
+        return None
+    ids = np.fromiter(characters, dtype=np.int32, count=len(characters))
+    leading = []
+    for option, token in options.items():
+        twin = walker.copy()
+        twin.accept(token)
+        following = ids[twin.allowed(ids)]
+        if any(not characters[int(i)].isspace() for i in following):
+            leading.append(option)
+    return leading[0] if len(leading) == 1 else None
+
+
+def closing_layout(options: str, text: str) -> str | None:
+    """Where whitespace or a closing bracket may come and the text so far says nothing of
+    it: the bracket closed as the last one of its kind was opened (`{"a": 1}`, `{ "a": 1 }`).
+    None where more than the layout is free or no such bracket was opened."""
+    others = [c for c in options if not c.isspace()]
+    if len(others) != 1 or others[0] not in _OPENERS:
+        return None
+    closer = others[0]
+    if text[-1:].isspace():
+        return closer
+    opened = text.rfind(_OPENERS[closer])
+    if opened < 0 or opened + 1 >= len(text):
+        return None
+    following = text[opened + 1]
+    if not following.isspace():
+        return closer
+    return following if following in options else None
+
+
+_OPENERS = {"}": "{", "]": "["}
+
+
+def plain_spelling(
+    text: str, tokenize: Callable[[str], list[int]], added_text: Callable[[int], str | None]
+) -> list[int]:
+    """`text` in target tokens, with the vocabulary's added tokens (Qwen2.5's
+    `<tool_call>`, `</tool_call>`: `added_text` gives their text, None for other tokens)
+    spelled as plain text. Under a grammar Qwen2.5-Coder 1.5B writes its tags so (`</`,
+    `tool`, `_call`, `>`), and a draft with the tag's own token would be rejected there."""
+    tokens = tokenize(text)
+    for token in tokens:
+        piece = added_text(token)
+        if piece is not None and len(piece) > 1:
+            split = text.find(piece) + len(piece) - 1  # the tag, short of its last character
+            return tokenize(text[:split]) + plain_spelling(text[split:], tokenize, added_text)
+    return tokens
 
 
 def layout_guess(options: str, text: str) -> str | None:

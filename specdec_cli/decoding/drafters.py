@@ -131,8 +131,9 @@ class ForcedPlanner(Protocol):
     """A drafter that weighs text a constraint forces next as a draft source of its own
     (adaptive.AdaptiveDrafter); another drafter's forced drafts are all of it."""
 
-    def plan_forced(self, forced: Sequence[int]) -> Draft:
-        """As much of `forced` (the target's tokens) as is worth verifying."""
+    def plan_forced(self, forced: Sequence[int], ends: bool = False) -> Draft:
+        """As much of `forced` (the target's tokens; `ends`: its last ends the answer) as
+        is worth verifying."""
         ...
 
 

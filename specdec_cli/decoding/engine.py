@@ -282,6 +282,7 @@ class Generation:
         self._constraint = target.constrain(structure) if structure is not None else None
         # Forced drafts lay out what the grammar leaves free as the prompt and answer do.
         self._prompt_text = _text_of(target, self.prompt) if self._constraint is not None else ""
+        self._written: set[int] = set()  # the answer's distinct tokens, for forced drafts
         if drafter is not None:
             drafter.begin(len(self.prompt), settings.prediction)
 
@@ -351,7 +352,7 @@ class Generation:
             return Draft.empty(), 0.0
         began = time.perf_counter()
         forced = (
-            self._constraint.forced_tokens(self._prompt_text + self.text)[:k]
+            self._constraint.forced_tokens(self._prompt_text + self.text, self._written)[:k]
             if self._constraint is not None
             else []
         )
@@ -374,7 +375,7 @@ class Generation:
         one pass instead of two)."""
         if not isinstance(self.drafter, ForcedPlanner):
             return ngram_draft(forced, 0, DraftSource.FORCED)
-        draft = self.drafter.plan_forced(forced)
+        draft = self.drafter.plan_forced(forced, self.target.is_end_of_generation(forced[-1]))
         room = k - len(draft.tokens)
         if not draft.tokens or len(draft.tokens) < len(forced) or room <= 0:
             return draft
@@ -447,6 +448,7 @@ class Generation:
             self.stats.end_tokens += 1
             return Piece(token, kind, ""), FinishReason.STOP
         self.tokens.append(token)
+        self._written.add(token)
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
         return Piece(token, kind, text), FinishReason.STOP_STRING if hit_stop else None

@@ -17,14 +17,14 @@ import queue
 import re
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import jinja2  # llama-cpp-python's chat formatter renders with it
 import numpy as np
 
 from ..decoding.backend import VocabInfo, kept_prefix
-from ..decoding.constraint import Constraint, forced_text
+from ..decoding.constraint import Constraint, forced_draft_tokens, plain_spelling
 from ..errors import (
     ChatTemplateError,
     ContextOverflowError,
@@ -737,6 +737,23 @@ class LlamaBackend:
                     self._characters[ids[0]] = character
         return self._characters
 
+    def plain_spelling(self, text: str) -> list[int]:
+        """A grammar's text in this vocabulary's tokens, its tags as plain text."""
+        return plain_spelling(text, self._tokenize_special, self._added_text)
+
+    def _tokenize_special(self, text: str) -> list[int]:
+        return self.tokenize(text, add_special=False, parse_special=True)
+
+    def _added_text(self, token: int) -> str | None:
+        added = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        attributes = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+        return self.token_text(token) if attributes & added else None
+
+    def end_tokens(self) -> list[int]:
+        """The tokens a chat answer ends with, the turn's end first."""
+        ends = (llama_cpp.llama_vocab_eot(self._vocab), llama_cpp.llama_vocab_eos(self._vocab))
+        return list(dict.fromkeys(int(t) for t in ends if t >= 0))
+
     def constrain(self, structure: Structure) -> Constraint:
         """llama.cpp's grammar engine over this vocabulary, at the grammar's start."""
         grammar = grammar_text(structure).encode("utf-8")
@@ -877,12 +894,10 @@ class GrammarConstraint:
     def copy(self) -> GrammarConstraint:
         return GrammarConstraint(llama_cpp.llama_sampler_clone(self._sampler), self._owner)
 
-    def forced_tokens(self, written: str = "") -> list[int]:
-        text = forced_text(self, self._owner.character_tokens(), written)
-        if not text:
-            return []
-        # The grammar's own text: its tags may be the vocabulary's tokens (<tool_call>).
-        return self._owner.tokenize(text, add_special=False, parse_special=True)[:-1]
+    def forced_tokens(self, written: str = "", seen: Collection[int] = ()) -> list[int]:
+        owner = self._owner
+        characters, ends = owner.character_tokens(), owner.end_tokens()
+        return forced_draft_tokens(self, characters, owner.plain_spelling, written, ends, seen)
 
     def __del__(self) -> None:
         if getattr(self, "_sampler", None):
