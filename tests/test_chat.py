@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from prompt_reuse import assert_exact_reuse
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -89,7 +90,9 @@ def run_turn(session: ChatSession, text: str) -> Finished:
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
-def test_the_second_turn_decodes_only_what_the_cache_cannot_give(tiny_models, monkeypatch, exact):
+def test_the_second_turn_decodes_only_what_the_cache_cannot_give(
+    tiny_models, monkeypatch, exact, exact_prompts
+):
     monkeypatch.setattr(llama_backend, "PROMPT_CHUNK", 16)
     draft = tiny_models.close_drafter
     hardware = HardwareOptions(ctx_size=4096, threads=1, exact=exact)
@@ -108,7 +111,8 @@ def test_the_second_turn_decodes_only_what_the_cache_cannot_give(tiny_models, mo
     record = turn.record
     assert turn.generation.prompt[: len(history)] == history  # the history is kept as tokens
     assert first.finish_reason == "length"
-    if exact:  # the first prompt's whole chunks; its partial chunk and the reply are decoded again
+    if exact and exact_prompts == "aligned":
+        # the first prompt's whole chunks; its partial chunk and the reply are decoded again
         assert record.reused_tokens == turn1.prompt_tokens // 16 * 16 > 0
     else:  # all of it except the reply's last token, which -n cut before decoding
         assert record.reused_tokens == len(history) - 1
@@ -188,10 +192,7 @@ def test_stopping_mid_reply_keeps_the_partial_answer(tiny_models):
     record = session.records[-1]
     first_prompt = session.records[0].prompt_tokens
     assert record.prompt_tokens > first_prompt + len(finished.tokens)  # the partial reply is kept
-    assert (
-        record.reused_tokens
-        == first_prompt // llama_backend.PROMPT_CHUNK * llama_backend.PROMPT_CHUNK
-    )
+    assert_exact_reuse(record.reused_tokens, first_prompt, record.prompt_tokens)
 
 
 def test_draft_and_temperature_commands(tiny_models):

@@ -20,11 +20,11 @@ import termios
 import time
 
 import pytest
+from prompt_reuse import assert_exact_reuse
 
 from specdec_cli.commands.chat import ChatSession
 from specdec_cli.decoding.backend import encode_template_text
 from specdec_cli.decoding.engine import GenerationSettings, Piece, TokenKind
-from specdec_cli.models.llama_backend import PROMPT_CHUNK
 from specdec_cli.models.loading import load_pair
 from specdec_cli.request import HardwareOptions
 
@@ -193,10 +193,10 @@ def test_two_turns_colours_stats_cache_reuse_and_reset(tiny_models, terminal):
     assert len(turns) == 2
     (_, p1, cached1, r1, _, _), (_, p2, cached2, r2, target2, drafter2) = turns
     assert cached1 == 0
-    # Turn 2's prompt starts with turn 1's prompt and reply. Exact mode keeps the whole prompt
-    # chunks turn 1 decoded (none, for a prompt this short) and decodes the rest again, so the
-    # answer does not depend on the cache (tests/test_prompt_cache_independence.py).
-    assert cached2 == p1 // PROMPT_CHUNK * PROMPT_CHUNK
+    # Turn 2's prompt starts with turn 1's prompt and reply. Exact mode keeps only what a
+    # fresh prefill computes the same way, so the answer does not depend on the cache
+    # (tests/test_prompt_cache_independence.py, tests/prompt_reuse.py).
+    assert_exact_reuse(cached2, p1, p2)
     assert p2 == p1 + r1 + tail_tokens  # the history is kept as tokens
     new = p2 - cached2
     # The target decoded the new prompt tokens plus, per round, at most draft_max + 1 tokens.
@@ -240,8 +240,8 @@ def test_ctrl_c_stops_the_reply_and_keeps_the_conversation(tiny_models, terminal
     (_, p1, _, r1, _, _), (_, p2, cached2, _, _, _) = turns
     assert 0 < r1 < 3000  # stopped well before -n or the context
     assert p2 > p1 + r1  # the partial reply stayed in the conversation
-    # and the cache kept the first prompt's whole chunks
-    assert cached2 == p1 // PROMPT_CHUNK * PROMPT_CHUNK
+    # and the cache kept the first prompt
+    assert_exact_reuse(cached2, p1, p2)
 
     t.expect(PROMPT)
     # Ctrl-C at the prompt leaves. CPython's readline can miss a SIGINT that lands while it

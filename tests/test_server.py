@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prompt_reuse import assert_exact_reuse
 from serve_process import ServerProcess, run_json, wait_for_health
 from typer.testing import CliRunner
 
@@ -142,8 +143,8 @@ def test_completions_endpoint(client):
 
 
 def test_a_conversation_reuses_the_cached_prefix(client):
-    # exact mode keeps the whole prompt chunks the first request decoded (the rest, and the
-    # answer, are decoded again: the second answer must not depend on what is cached)
+    # exact mode keeps what the first request decoded as a fresh prefill would decode it (the
+    # second answer must not depend on what is cached): tests/prompt_reuse.py
     history = [{"role": "user", "content": "the cat sat on the mat " * 40}]
     first = client.chat.completions.create(model="target", messages=history, max_tokens=20)
     history += [
@@ -153,7 +154,7 @@ def test_a_conversation_reuses_the_cached_prefix(client):
     second = client.chat.completions.create(model="target", messages=history, max_tokens=20)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens > PROMPT_CHUNK
-    assert cached == first.usage.prompt_tokens // PROMPT_CHUNK * PROMPT_CHUNK
+    assert_exact_reuse(cached, first.usage.prompt_tokens, second.usage.prompt_tokens)
 
 
 # ---- raw HTTP: what a client library would refuse to send -----------------------------------
@@ -547,7 +548,7 @@ def test_the_real_pair_through_the_openai_client(real_pair):
         ]
         second = client.chat.completions.create(model=target.stem, messages=follow_up)
         cached = second.usage.prompt_tokens_details.cached_tokens
-        assert cached == first.usage.prompt_tokens // PROMPT_CHUNK * PROMPT_CHUNK  # exact mode
+        assert_exact_reuse(cached, first.usage.prompt_tokens, second.usage.prompt_tokens)
     finally:
         assert server.stop() == 0, "\n".join(server.lines)
     ran = run_json(question, *models, *settings)

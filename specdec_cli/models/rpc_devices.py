@@ -13,14 +13,15 @@ from pathlib import Path
 
 from ..errors import ModelFileError
 from . import rpc
-from .llama_backend import default_threads, keep_invariant_kernels, native_function
+from .llama_backend import (
+    CPU_TYPE,
+    GPU_TYPES,
+    default_threads,
+    devices_of_type,
+    keep_invariant_kernels,
+    native_function,
+)
 
-_CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
-_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
-
-_dev_count = native_function("ggml_backend_dev_count", [], ctypes.c_size_t)
-_dev_get = native_function("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
-_dev_type = native_function("ggml_backend_dev_type", [ctypes.c_void_p], ctypes.c_int)
 _dev_description = native_function(
     "ggml_backend_dev_description", [ctypes.c_void_p], ctypes.c_char_p
 )
@@ -50,21 +51,14 @@ def _refuse_without_rpc() -> None:
         )
 
 
-def _devices_of_type(types: tuple[int, ...]) -> list[int]:
-    """ggml's registered devices of these types. RPC workers are never registered, so they
-    are not among them."""
-    devices = (_dev_get(i) for i in range(_dev_count()))
-    return [device for device in devices if _dev_type(device) in types]
-
-
 def local_devices() -> list[int]:
     """This machine's GPUs (none on a CPU-only build: the CPU is always used besides them)."""
-    return _devices_of_type(_GPU_TYPES)
+    return devices_of_type(GPU_TYPES)
 
 
 def _served_devices() -> list[int]:
     """What a worker serves: this machine's GPUs, else its CPU (as llama.cpp's rpc-server)."""
-    return local_devices() or _devices_of_type((_CPU_TYPE,))[:1]
+    return local_devices() or devices_of_type((CPU_TYPE,))[:1]
 
 
 class ConnectedWorkers:

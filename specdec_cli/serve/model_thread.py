@@ -40,6 +40,11 @@ from ..models.loading import ModelPair
 from ..structured import StructureError
 from .serve_protocol import Answer
 
+# A slot's cache counts toward giving it a job only in whole blocks of this many tokens the
+# prompt shares with it (exact mode's prompt chunk): a shared BOS or chat-template preamble
+# must not send a new conversation to another's cache rather than to an empty slot.
+SLOT_REUSE_BLOCK = 128
+
 
 class Failure(Enum):
     """Why the model thread could not answer; server.py says it in HTTP (api_error)."""
@@ -321,14 +326,14 @@ class ModelThread:
 
     def _slot_for(self, job: Job, prompt: list[int]) -> _SlotState:
         """The idle slot for the job (one is idle: only this thread hands out jobs): the one
-        whose cache, left by the job's owner, would serve most of its prompt (a resent
-        conversation); else an empty one; else the owner's; else the one idle longest,
-        whose cache is the least likely to be asked for again."""
+        whose cache, left by the job's owner, would serve most of its prompt, in whole
+        SLOT_REUSE_BLOCKs (a resent conversation); else an empty one; else the owner's;
+        else the one idle longest, whose cache is the least likely to be asked for again."""
 
         def preference(state: _SlotState) -> tuple[int, bool, bool, int]:
             target = state.slot.pair.target
             own = state.cache_owner == job.owner
-            reused = target.prompt_reuse(prompt) if own else 0
+            reused = target.prompt_reuse(prompt) // SLOT_REUSE_BLOCK if own else 0
             return reused, not target.cached, own, -state.last_used
 
         with self._slot_changed:
