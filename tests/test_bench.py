@@ -101,6 +101,11 @@ def test_yaml_and_jsonl_prompt_files(tmp_path):
         ("bad.yaml", "- {id: a, category: qa, text: hi, max_tokens: 0}\n", "max_tokens"),
         ("bad.yaml", "- {id: a, category: qa, text: hi, max_token: 9}\n", "unknown field"),
         ("bad.yaml", "- {id: a, category: qa, messages: [{role: user}]}\n", "each message"),
+        ("bad.yaml", "- {id: a, category: qa, messages: [{role: user, content: x, tool_calls: "
+         "[1]}]}\n", "each message"),
+        ("bad.yaml", "- {id: a, category: qa, text: hi, warm: true}\n", "only with a 'session'"),
+        ("bad.yaml", "- {id: a, category: qa, text: hi, session: s, warm: 1}\n", "'warm'"),
+        ("bad.yaml", "- {id: a, category: qa, text: hi, tool_choice: auto}\n", "only with 'tools'"),
         ("bad.yaml", "- {id: a, category: qa, text: x}\n- {id: a, category: qa, text: y}\n",
          "used twice"),
         ("bad.jsonl", '{"id": "a", "category": "qa", "text": "x"}\n{"id": \n', "line 2"),
@@ -552,3 +557,64 @@ def test_a_history_mode_drafts_from_the_sessions_earlier_answers(tiny_models, tm
 
 def runs_of(runs: dict) -> list[str]:
     return sorted({prompt for prompt, _ in runs})
+
+
+AGENT_TOOL = {"type": "function", "function": {"name": "look", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+
+
+def test_tool_turns_parse_with_their_calls_results_and_choice(tmp_path):
+    turn = [
+        {"role": "user", "content": "find it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "look", "arguments": {"q": "x"}}}
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]  # fmt: skip
+    items = [
+        {"id": "call", "category": "agent", "text": "find it", "tools": [AGENT_TOOL]},
+        {"id": "after", "category": "agent", "session": "s", "warm": True, "messages": turn,
+         "tools": [AGENT_TOOL], "tool_choice": "none"},
+    ]  # fmt: skip
+    call, after = bench_prompts.load_prompts(write(tmp_path, "p.json", json.dumps(items)))
+    assert call.structure() is not None and call.tool_choice == "required"
+    assert after.structure() is None and after.valid("the answer") is None  # free text
+    assert after.warm and after.messages[1]["tool_calls"][0]["id"] == "c1"
+
+
+def test_a_warm_session_request_starts_from_what_the_previous_one_left(
+    tiny_models, tmp_path, monkeypatch
+):
+    # Two requests of one session share a long prefix; the second is warm. Each side's timed
+    # run of it follows an untimed run of the first, decodes less of its prompt than the
+    # same request sent cold, and gives the same answer.
+    shared = "the cat sat on the mat and the dog ran over the hill " * 4
+    prompts = write(tmp_path, "p.yaml", "".join(
+        f"- {{id: {name}, category: qa, max_tokens: 12, text: '{shared}{tail}', session: s"
+        f"{', warm: true' if warm else ''}}}\n"
+        for name, tail, warm in (("first", "and then", False), ("second", "where to", True),
+                                 ("cold", "where to", False))
+    ))  # fmt: skip
+    decoded: dict[tuple[int, bool], list[int]] = {}
+    generate = bench._generate
+
+    def counting(pair, prompt, *args, **kwargs):
+        before = pair.target.tokens_decoded
+        finished = generate(pair, prompt, *args, **kwargs)
+        warmed = kwargs.get("warmed", args[6] if len(args) > 6 else False)
+        decoded.setdefault((len(prompt), warmed), []).append(pair.target.tokens_decoded - before)
+        return finished
+
+    monkeypatch.setattr(bench, "_generate", counting)
+    out = tmp_path / "b.json"
+    result = runner.invoke(app(), bench_args(
+        tiny_models, prompts, "--drafter", "fixed", "--repeats", "1", "--json", str(out),
+    ))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (second_length,) = {n for n, warmed in decoded if warmed}
+    warm, cold = decoded[(second_length, True)], decoded[(second_length, False)]
+    assert len(warm) == 2 and max(warm) < min(cold)  # both sides, each less than cold
+    runs = {(r["prompt"], r["side"]): r["text"] for r in json.loads(out.read_text())["runs"]}
+    alone = bench_configs.TARGET_ALONE
+    (drafted,) = {side for _, side in runs if side != alone}
+    assert runs[("second", drafted)] == runs[("second", alone)] == runs[("cold", alone)]

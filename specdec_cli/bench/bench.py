@@ -7,7 +7,9 @@ draws it; the CLI drives the run).
 Method, per prompt: after one short warm-up of every side, each repeat runs the target alone
 (the plain one-token-per-decode path, drafter=None) and then every configuration, interleaved
 (A B C A B C ...), on the same loaded models. Every run starts from an empty KV cache, so
-each pays its own prompt processing, as a user's run would. Speedup is paired: a
+each pays its own prompt processing, as a user's run would; but a `warm` prompt of a session
+(an agent's next turn) starts from the caches its session's previous request left, as on a
+server: that request runs first, untimed, on the same side. Speedup is paired: a
 configuration's tokens/s over the target alone's in the same repeat.
 """
 
@@ -261,8 +263,9 @@ def _measure_prompt(
             exact = configuration is not None and request.hardware.exact
             oracle = configuration is not None and configuration.drafter == ORACLE
             answer = references.get((prompt.id, repeat), []) if oracle else []
+            warmed = _serve_previous(pair, request, prompt, repeat, configuration, references)
             finished, costs = _generate(
-                pair, tokens, base, configuration, progress, exact, answer, history
+                pair, tokens, base, configuration, progress, exact, answer, history, warmed
             )
             if label == _drafted_reference(request):
                 references[(prompt.id, repeat)] = finished.tokens
@@ -293,6 +296,52 @@ def _measure_prompt(
 
 # (prompt id, repeat) -> the target alone's answer (the exact one in exact mode)
 References = dict[tuple[str, int], list[int]]
+
+
+def _serve_previous(
+    pair: ModelPair,
+    request: BenchRequest,
+    prompt: BenchPrompt,
+    repeat: int,
+    configuration: Configuration | None,
+    references: References,
+) -> bool:
+    """For a warm prompt, run its session's previous request untimed on the same side, from
+    empty caches, so the timed run starts from what it left (as a server's slot would keep
+    it). Whether it ran."""
+    previous = _previous_in_session(request, prompt)
+    if not prompt.warm or previous is None:
+        return False
+    tokens = previous.tokens(pair.target, raw=request.raw, system=request.system)
+    check_prompt_fits(tokens, pair.target.n_ctx)
+    base = GenerationSettings(
+        max_tokens=request.max_tokens_for(previous),
+        sampling=request.sampling,
+        seed=request.seed + repeat,
+        rule=request.rule,
+        prediction=prediction_tokens(pair.target, previous.prediction),
+        structure=previous.structure(),
+    )
+    exact = configuration is not None and request.hardware.exact
+    oracle = configuration is not None and configuration.drafter == ORACLE
+    answer = references.get((previous.id, repeat), []) if oracle else []
+    history = None
+    if configuration is not None and configuration.history:
+        history = _session_history(pair.target, request, references, previous, repeat)
+    _generate(pair, tokens, base, configuration, NoProgress(), exact, answer, history)
+    return True
+
+
+def _previous_in_session(request: BenchRequest, prompt: BenchPrompt) -> BenchPrompt | None:
+    if prompt.session is None:
+        return None
+    earlier = None
+    for candidate in request.prompts:
+        if candidate.id == prompt.id:
+            return earlier
+        if candidate.session == prompt.session:
+            earlier = candidate
+    return None
 
 
 def _session_history(
@@ -338,12 +387,14 @@ def _generate(
     exact: bool,
     reference: Sequence[int] = (),
     history: HistoryIndex | None = None,
+    warmed: bool = False,
 ) -> tuple[Finished, CostModel | None]:
-    """One timed run from an empty cache, and the costs its drafter learned (adaptive modes).
-    The target alone is Generation with no drafter: one token per decode, exactly what
-    `specdec run --no-draft` does."""
-    pair.reset()
-    switch_kernels(pair.target, exact)
+    """One timed run from an empty cache (`warmed`: from what the run before it left), and
+    the costs its drafter learned (adaptive modes). The target alone is Generation with no
+    drafter: one token per decode, exactly what `specdec run --no-draft` does."""
+    if not warmed:
+        pair.reset()
+        switch_kernels(pair.target, exact)
     drafter = None
     if configuration is None:
         generation = Generation(pair.target, prompt, base, drafter=None)

@@ -32,26 +32,34 @@ class BenchPrompt:
     id: str
     category: str
     text: str | None = None  # a user message (through the chat template unless --raw)
-    messages: tuple[dict[str, str], ...] = ()
+    # {role, content}; an assistant's may carry tool_calls, a tool's a tool_call_id
+    messages: tuple[dict[str, Any], ...] = ()
     system: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     prediction: str | None = None  # text the answer is expected to mostly repeat
     # Requests of one session run in file order and share history: a "+history" mode drafts
     # from the session's earlier prompts and answers (shell loops, agents, editors).
     session: str | None = None
+    # Sent to a server that still holds the session's previous request, as an agent's turns
+    # reach `specdec serve`: each side's run starts from the caches that request left (it
+    # runs untimed first, the same way), and reuses what the prompt shares with it.
+    warm: bool = False
     # Structured workloads: the answer must match `json_schema`, or call one of `tools`
-    # (OpenAI's function tools, rendered by the chat template; the call is forced).
+    # (OpenAI's function tools, rendered by the chat template; the call is forced unless
+    # tool_choice is "auto": then the model may answer in text, unconstrained; "none": the
+    # tools are not offered, as `specdec serve` does, for the turn after a tool's result).
     json_schema: dict | None = None
     tools: tuple[dict, ...] = ()
+    tool_choice: str = "required"
 
     def tokens(self, target: Backend, *, raw: bool, system: str | None) -> list[int]:
-        if self.tools:
+        if self.tools and self.tool_choice != "none":  # "none": not offered, as serve does
             messages = list(self.messages) or [{"role": "user", "content": self.text or ""}]
             return encode_chat(target, [dict(m) for m in messages], list(self.tools))
         if not self.messages:
             return prompt_tokens(target, self.text or "", system=self.system or system, raw=raw)
         if raw:  # no template: the contents as plain text
-            text = "\n\n".join(m["content"] for m in self.messages)
+            text = "\n\n".join(m["content"] or "" for m in self.messages)
             return target.tokenize(text, add_special=True)
         return encode_chat(target, [dict(m) for m in self.messages])
 
@@ -64,7 +72,11 @@ class BenchPrompt:
     def structure(self) -> Structure | None:
         if self.json_schema is not None:
             return Structure.json_schema(self.json_schema)
-        return forced_call(self.functions()) if self.tools else None
+        return forced_call(self.functions()) if self.tools and self.forced else None
+
+    @property
+    def forced(self) -> bool:
+        return self.tool_choice == "required"
 
     def valid(self, text: str) -> bool | None:
         """Whether a structured answer parses and matches (None: not a structured prompt)."""
@@ -73,7 +85,7 @@ class BenchPrompt:
                 return not schema_errors(json.loads(text), self.json_schema)
             except ValueError:
                 return False
-        if not self.tools:
+        if not self.tools or not self.forced:
             return None
         functions = {f.name: f for f in self.functions()}
         _, calls = split_calls(text, list(functions))
@@ -91,14 +103,17 @@ _PROMPT_FIELDS = {
     "max_tokens",
     "prediction",
     "session",
+    "warm",
     "json_schema",
     "tools",
+    "tool_choice",
 }
 
 
 _FORMAT_FIX = (
     "Each prompt needs id, category, and text or messages (a list of {role, content}); "
-    "max_tokens, system, prediction, session and one of json_schema or tools are optional. "
+    "max_tokens, system, prediction, session (with warm: true), and one of json_schema or "
+    "tools (with tool_choice: required, auto or none) are optional. "
     "See specdec_cli/bench/prompts/."
 )
 
@@ -193,16 +208,17 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
     messages = item.get("messages", [])
     if not isinstance(messages, list) or ("messages" in item and not messages):
         raise fail("'messages' must be a non-empty list")
-    for message in messages:
-        if (
-            not isinstance(message, dict)
-            or set(message) != {"role", "content"}
-            or not all(isinstance(v, str) for v in message.values())
-        ):
-            raise fail("each message must be {role: string, content: string}")
+    if not all(_is_message(message) for message in messages):
+        raise fail(
+            "each message must be {role: string, content: string}; an assistant's may "
+            "have tool_calls (and content null), a tool's a tool_call_id"
+        )
     for key in ("system", "prediction", "session"):
         if item.get(key) is not None and not isinstance(item[key], str):
             raise fail(f"'{key}' must be a string")
+    warm = item.get("warm", False)
+    if not isinstance(warm, bool) or (warm and "session" not in item):
+        raise fail("'warm' is true or false, and true only with a 'session'")
     structured = _structured_fields(item, fail)
     max_tokens = item.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -216,8 +232,22 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
         max_tokens=max_tokens,
         prediction=item.get("prediction"),
         session=item.get("session"),
+        warm=item.get("warm", False),
         **structured,
     )
+
+
+def _is_message(message: object) -> bool:
+    if not isinstance(message, dict) or not {"role", "content"} <= set(message):
+        return False
+    extra = set(message) - {"role", "content"}
+    calls = message.get("tool_calls")
+    if extra == {"tool_calls"}:
+        return message["role"] == "assistant" and isinstance(calls, list) and bool(calls)
+    if extra == {"tool_call_id"}:
+        fields = (message["role"], message["content"], message["tool_call_id"])
+        return message["role"] == "tool" and all(isinstance(v, str) for v in fields)
+    return not extra and isinstance(message["role"], str) and isinstance(message["content"], str)
 
 
 def _structured_fields(item: dict, fail) -> dict:
@@ -231,11 +261,14 @@ def _structured_fields(item: dict, fail) -> dict:
             raise fail(f"'json_schema': {error.message}") from None
         return {"json_schema": item["json_schema"]}
     tools = item.get("tools")
+    choice = item.get("tool_choice", "required")
+    if choice not in ("required", "auto", "none") or ("tool_choice" in item and tools is None):
+        raise fail("'tool_choice' is 'required', 'auto' or 'none', and only with 'tools'")
     if tools is None:
         return {}
     if not isinstance(tools, list) or not tools or not all(_is_tool(t) for t in tools):
         raise fail("'tools' must be a list of {type: function, function: {name, parameters}}")
-    return {"tools": tuple(tools)}
+    return {"tools": tuple(tools), "tool_choice": choice}
 
 
 def _is_tool(tool: object) -> bool:

@@ -31,7 +31,9 @@ BOOTSTRAP_DRAWS = 2000
 BOOTSTRAP_SEED = 0
 METHOD = {
     "interleaving": "per prompt and repeat: target alone, then each configuration in order",
-    "cache": "every run starts from an empty KV cache (prompt processing included)",
+    "cache": "every run starts from an empty KV cache (prompt processing included), but a "
+    "warm prompt's from what its session's previous request, run untimed on the same side, "
+    "left (as a server keeps it)",
     "tokens_per_second": "generated tokens / wall seconds from the first decode to the last "
     "token; per prompt the median over repeats",
     "speedup": "per repeat: configuration tokens/s / target-alone tokens/s of the same repeat; "
