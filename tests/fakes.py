@@ -46,6 +46,7 @@ class FakeBackend:
         b"") and read from a text only with parse_special; `bos`: added to a text's start
         with add_special; `constraints`: what `constrain` builds (none: it refuses)."""
         self.path: Path | None = None
+        self.prompt_with_drafts = False  # as llama.cpp's own kernels
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
         self.n_ctx = self.n_ctx_train = n_ctx

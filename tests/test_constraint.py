@@ -453,3 +453,32 @@ def test_the_planner_takes_a_forced_draft_to_the_end_where_one_pass_costs_less(d
     assert len(planner.plan_forced(forced).tokens) < len(forced) or dear
     taken = planner.plan_forced(forced, ends=True).tokens
     assert (taken == forced) == (not dear)
+
+
+@pytest.mark.parametrize("with_drafts", [True, False])
+def test_forced_text_rides_in_the_prompts_pass_where_the_target_computes_it_the_same(
+    with_drafts,
+):
+    # Everything is forced from the start: where a prompt may be decoded with rows after it
+    # (exact mode on the invariant kernels), the prompt's own pass verifies the whole call.
+    answer_text = CALLS[0]
+    ids = {c: i for i, c in TAGGED.items()}
+    pieces = {i: c.encode() for i, c in TAGGED.items()} | {TAG_END: b""}
+
+    def writes_the_call(prefix):
+        row = np.zeros(TAG_END + 1)
+        written = len(prefix) - 1
+        row[ids[answer_text[written]] if written < len(answer_text) else TAG_END] = 10.0
+        return row
+
+    target = FakeBackend(
+        writes_the_call, TAG_END + 1, end_of_generation={TAG_END}, pieces=pieces,
+        constraints=lambda _s: PrefixConstraint(CALLS, TAGGED, TAG_END),
+    )  # fmt: skip
+    target.prompt_with_drafts = with_drafts
+    settings = GenerationSettings(max_tokens=40, draft_max=16, sampling=GREEDY, structure=ANY)
+    events = list(Generation(target, [ids["a"]], settings, FixedDrafter([])).events())
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert events[-1].text == answer_text
+    assert len(rounds) == (1 if with_drafts else 2)
+    assert (rounds[0].drafted > 0) == with_drafts

@@ -97,3 +97,22 @@ def test_an_exact_prompt_keeps_the_cached_chunks_it_can(tiny_models, exact_promp
             assert backend.tokens_decoded - before == 50 - 44
     finally:
         backend.close()
+
+
+def test_a_prompt_with_rows_after_it_gives_its_logits_alone_where_the_target_says_so(
+    tiny_models, exact_prompts
+):
+    # prompt_with_drafts: the engine verifies forced text in the prompt's own pass only where
+    # the prompt's last row is then computed as it is alone (the invariant prompt kernels).
+    alone, along = (LlamaBackend(tiny_models.target, n_ctx=512, n_threads=2, exact=True)
+                    for _ in range(2))  # fmt: skip
+    try:
+        prompt = alone.tokenize(TEXT, add_special=True)
+        rows = prompt[5:12]  # a draft after the prompt
+        reference = last_logits(alone, prompt)
+        first = np.array(logits_for_suffix(along, prompt + rows, len(rows) + 1, prompt=True)[0])
+        assert along.prompt_with_drafts == (exact_prompts == "invariant")
+        assert np.array_equal(first, reference) or not along.prompt_with_drafts
+    finally:
+        alone.close()
+        along.close()

@@ -39,6 +39,13 @@ class Decoder(Protocol):
     cached: list[int]
     tokens_decoded: int
 
+    @property
+    def prompt_with_drafts(self) -> bool:
+        """Whether a prompt decoded with draft rows after it gives the logits it gives alone
+        (exact mode on the invariant prompt kernels): then its first round may verify a
+        draft."""
+        ...
+
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logit_rows` of them.
 

@@ -346,9 +346,12 @@ class Generation:
 
     def _draft(self, max_len: int) -> tuple[Draft, float]:
         k = min(self.settings.draft_max, max_len)
-        # The first round decodes the prompt alone, as the target alone does: a prompt
-        # decoded in one batch with drafts could be computed with other kernels.
-        if self.drafter is None or k <= 0 or self.stats.target_passes == 0:
+        # The first round decodes the prompt alone, as the target alone does (a prompt
+        # decoded in one batch with drafts could be computed with other kernels), unless the
+        # target computes a prompt the same with rows after it: then forced text rides along,
+        # free (a tool call's opening tag and name key in the prompt's pass).
+        first = self.stats.target_passes == 0
+        if self.drafter is None or k <= 0 or (first and not self.target.prompt_with_drafts):
             return Draft.empty(), 0.0
         began = time.perf_counter()
         forced = (
@@ -356,7 +359,9 @@ class Generation:
             if self._constraint is not None
             else []
         )
-        if forced:  # free to propose, and the target can write nothing else (but spacing)
+        if first:
+            draft = ngram_draft(forced, 0, DraftSource.FORCED)
+        elif forced:  # free to propose, and the target can write nothing else (but spacing)
             draft = self._forced_draft(forced, k)
         else:
             draft = self.drafter.propose(

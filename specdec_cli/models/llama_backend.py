@@ -570,6 +570,10 @@ class LlamaBackend:
         """Exact prompts decoded with the invariant kernels: every cached token is kept."""
         return self.exact and self._on_this_cpu and invariant_prompts()
 
+    @property
+    def prompt_with_drafts(self) -> bool:
+        return self._invariant_prompts
+
     @staticmethod
     def _steps(tokens: Sequence[int], prompt: bool) -> bool:
         """A drafter's decode that joins the slots' drafter rounds (DRAFT_ROUND_ROWS)."""
