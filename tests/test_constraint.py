@@ -411,32 +411,39 @@ def test_added_tokens_are_spelled_as_plain_text():
     assert plain_spelling("ax", tokenize, added) == [6, 2]
 
 
-def test_a_forced_draft_that_ends_the_answer_ends_it_in_the_same_pass():
-    # The target writes a call and ends; each character is forced. With the end token in
-    # the forced draft, the pass that verifies the closing tag also ends the answer.
-    answer_text = CALLS[0]
+def call_writer(constraint: type[PrefixConstraint] = PrefixConstraint) -> FakeBackend:
+    """A target that writes CALLS[0] after a one-token prompt and ends, every character of
+    it forced by `constraint`."""
     ids = {c: i for i, c in TAGGED.items()}
     pieces = {i: c.encode() for i, c in TAGGED.items()} | {TAG_END: b""}
 
     def writes_the_call(prefix):
         row = np.zeros(TAG_END + 1)
         written = len(prefix) - 1
-        row[ids[answer_text[written]] if written < len(answer_text) else TAG_END] = 10.0
+        row[ids[CALLS[0][written]] if written < len(CALLS[0]) else TAG_END] = 10.0
         return row
 
+    return FakeBackend(
+        writes_the_call, TAG_END + 1, end_of_generation={TAG_END}, pieces=pieces,
+        constraints=lambda _s: constraint(CALLS, TAGGED, TAG_END),
+    )  # fmt: skip
+
+
+def call_rounds(target: FakeBackend) -> list[Round]:
+    settings = GenerationSettings(max_tokens=40, draft_max=16, sampling=GREEDY, structure=ANY)
+    events = list(Generation(target, [0], settings, FixedDrafter([])).events())
+    assert events[-1].text == CALLS[0]
+    return [e for e in events if isinstance(e, Round)]
+
+
+def test_a_forced_draft_that_ends_the_answer_ends_it_in_the_same_pass():
+    # The target writes a call and ends; each character is forced. With the end token in
+    # the forced draft, the pass that verifies the closing tag also ends the answer.
     class EndNotDrafted(PrefixConstraint):
         drafts_the_end = False
 
     def passes(ends):
-        kind = PrefixConstraint if ends else EndNotDrafted
-        target = FakeBackend(
-            writes_the_call, TAG_END + 1, end_of_generation={TAG_END}, pieces=pieces,
-            constraints=lambda _s: kind(CALLS, TAGGED, TAG_END),
-        )  # fmt: skip
-        settings = GenerationSettings(max_tokens=40, draft_max=16, sampling=GREEDY, structure=ANY)
-        events = list(Generation(target, [ids["a"]], settings, FixedDrafter([])).events())
-        assert events[-1].text == answer_text
-        return sum(isinstance(e, Round) for e in events)
+        return len(call_rounds(call_writer(PrefixConstraint if ends else EndNotDrafted)))
 
     assert passes(ends=True) == 2  # the prompt's pass, then the whole call and its end
     assert passes(ends=False) == 3  # the last character left out, then the end alone
@@ -461,24 +468,8 @@ def test_forced_text_rides_in_the_prompts_pass_where_the_target_computes_it_the_
 ):
     # Everything is forced from the start: where a prompt may be decoded with rows after it
     # (exact mode on the invariant kernels), the prompt's own pass verifies the whole call.
-    answer_text = CALLS[0]
-    ids = {c: i for i, c in TAGGED.items()}
-    pieces = {i: c.encode() for i, c in TAGGED.items()} | {TAG_END: b""}
-
-    def writes_the_call(prefix):
-        row = np.zeros(TAG_END + 1)
-        written = len(prefix) - 1
-        row[ids[answer_text[written]] if written < len(answer_text) else TAG_END] = 10.0
-        return row
-
-    target = FakeBackend(
-        writes_the_call, TAG_END + 1, end_of_generation={TAG_END}, pieces=pieces,
-        constraints=lambda _s: PrefixConstraint(CALLS, TAGGED, TAG_END),
-    )  # fmt: skip
+    target = call_writer()
     target.prompt_with_drafts = with_drafts
-    settings = GenerationSettings(max_tokens=40, draft_max=16, sampling=GREEDY, structure=ANY)
-    events = list(Generation(target, [ids["a"]], settings, FixedDrafter([])).events())
-    rounds = [e for e in events if isinstance(e, Round)]
-    assert events[-1].text == answer_text
+    rounds = call_rounds(target)
     assert len(rounds) == (1 if with_drafts else 2)
     assert (rounds[0].drafted > 0) == with_drafts
