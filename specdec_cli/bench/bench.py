@@ -243,17 +243,9 @@ def _measure_prompt(
     tokens = prompt.tokens(pair.target, raw=request.raw, system=request.system)
     check_prompt_fits(tokens, pair.target.n_ctx)
     report.prompt_tokens[prompt.id] = len(tokens)
-    budget = request.max_tokens_for(prompt)
     for repeat in range(request.repeats):
         seed = request.seed + repeat  # both sides of a repeat sample with the same seed
-        base = GenerationSettings(
-            max_tokens=budget,
-            sampling=request.sampling,
-            seed=seed,
-            rule=request.rule,
-            prediction=prediction_tokens(pair.target, prompt.prediction),
-            structure=prompt.structure(),
-        )
+        base = _settings(pair, request, prompt, seed)
         wanted = any(c.history for c in request.configurations)
         history = (
             _session_history(pair.target, request, references, prompt, repeat) if wanted else None
@@ -261,8 +253,7 @@ def _measure_prompt(
         for label, configuration in _sides(request):
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
             exact = configuration is not None and request.hardware.exact
-            oracle = configuration is not None and configuration.drafter == ORACLE
-            answer = references.get((prompt.id, repeat), []) if oracle else []
+            answer = _oracle_answer(configuration, references, prompt, repeat)
             warmed = _serve_previous(pair, request, prompt, repeat, configuration, references)
             finished, costs = _generate(
                 pair, tokens, base, configuration, progress, exact, answer, history, warmed
@@ -298,6 +289,30 @@ def _measure_prompt(
 References = dict[tuple[str, int], list[int]]
 
 
+def _settings(
+    pair: ModelPair, request: BenchRequest, prompt: BenchPrompt, seed: int
+) -> GenerationSettings:
+    return GenerationSettings(
+        max_tokens=request.max_tokens_for(prompt),
+        sampling=request.sampling,
+        seed=seed,
+        rule=request.rule,
+        prediction=prediction_tokens(pair.target, prompt.prediction),
+        structure=prompt.structure(),
+    )
+
+
+def _oracle_answer(
+    configuration: Configuration | None,
+    references: References,
+    prompt: BenchPrompt,
+    repeat: int,
+) -> list[int]:
+    """What the oracle drafts on this side (nothing on the others)."""
+    oracle = configuration is not None and configuration.drafter == ORACLE
+    return references.get((prompt.id, repeat), []) if oracle else []
+
+
 def _serve_previous(
     pair: ModelPair,
     request: BenchRequest,
@@ -309,22 +324,14 @@ def _serve_previous(
     """For a warm prompt, run its session's previous request untimed on the same side, from
     empty caches, so the timed run starts from what it left (as a server's slot would keep
     it). Whether it ran."""
-    previous = _previous_in_session(request, prompt)
-    if not prompt.warm or previous is None:
+    previous = _previous_in_session(request, prompt) if prompt.warm else None
+    if previous is None:
         return False
     tokens = previous.tokens(pair.target, raw=request.raw, system=request.system)
     check_prompt_fits(tokens, pair.target.n_ctx)
-    base = GenerationSettings(
-        max_tokens=request.max_tokens_for(previous),
-        sampling=request.sampling,
-        seed=request.seed + repeat,
-        rule=request.rule,
-        prediction=prediction_tokens(pair.target, previous.prediction),
-        structure=previous.structure(),
-    )
+    base = _settings(pair, request, previous, request.seed + repeat)
     exact = configuration is not None and request.hardware.exact
-    oracle = configuration is not None and configuration.drafter == ORACLE
-    answer = references.get((previous.id, repeat), []) if oracle else []
+    answer = _oracle_answer(configuration, references, previous, repeat)
     history = None
     if configuration is not None and configuration.history:
         history = _session_history(pair.target, request, references, previous, repeat)

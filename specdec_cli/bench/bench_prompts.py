@@ -232,7 +232,7 @@ def _parse_prompt(item: Any, path: Path, index: int) -> BenchPrompt:
         max_tokens=max_tokens,
         prediction=item.get("prediction"),
         session=item.get("session"),
-        warm=item.get("warm", False),
+        warm=warm,
         **structured,
     )
 

@@ -282,7 +282,6 @@ class Generation:
         self._constraint = target.constrain(structure) if structure is not None else None
         # Forced drafts lay out what the grammar leaves free as the prompt and answer do.
         self._prompt_text = _text_of(target, self.prompt) if self._constraint is not None else ""
-        self._written: set[int] = set()  # the answer's distinct tokens, for forced drafts
         if drafter is not None:
             drafter.begin(len(self.prompt), settings.prediction)
 
@@ -355,7 +354,7 @@ class Generation:
             return Draft.empty(), 0.0
         began = time.perf_counter()
         forced = (
-            self._constraint.forced_tokens(self._prompt_text + self.text, self._written)[:k]
+            self._constraint.forced_tokens(self._prompt_text + self.text, self.tokens)[:k]
             if self._constraint is not None
             else []
         )
@@ -453,7 +452,6 @@ class Generation:
             self.stats.end_tokens += 1
             return Piece(token, kind, ""), FinishReason.STOP
         self.tokens.append(token)
-        self._written.add(token)
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
         return Piece(token, kind, text), FinishReason.STOP_STRING if hit_stop else None

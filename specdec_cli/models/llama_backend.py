@@ -554,7 +554,7 @@ class LlamaBackend:
             generated if self._pool == 0 else self._steps(tokens, prompt)
         ):
             return self._rounds.submit(self._seq, tokens, self._pool, n_logit_rows)
-        invariant = self.exact and (generated or self._invariant_prompts)
+        invariant = self.exact and (generated or self._invariant_prompt_kernels)
         if prompt and self.exact and not invariant:
             return self._decode_prompt_aligned(tokens, n_logit_rows)
         size = min(self.n_batch, EXACT_BATCH_ROWS) if invariant else self.n_batch
@@ -566,13 +566,13 @@ class LlamaBackend:
         return logits
 
     @property
-    def _invariant_prompts(self) -> bool:
+    def _invariant_prompt_kernels(self) -> bool:
         """Exact prompts decoded with the invariant kernels: every cached token is kept."""
         return self.exact and self._on_this_cpu and invariant_prompts()
 
     @property
     def prompt_with_drafts(self) -> bool:
-        return self._invariant_prompts
+        return self._invariant_prompt_kernels
 
     @staticmethod
     def _steps(tokens: Sequence[int], prompt: bool) -> bool:
@@ -658,7 +658,7 @@ class LlamaBackend:
 
     @property
     def _aligned_prompts(self) -> bool:
-        return self.exact and not self._invariant_prompts
+        return self.exact and not self._invariant_prompt_kernels
 
     def reusable_prefix(self, shared: int) -> int:
         """Of `shared` leading prompt tokens in a restored state, how many a prompt keeps:
