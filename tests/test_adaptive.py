@@ -35,6 +35,7 @@ from specdec_cli.decoding.drafters import (
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.policy import (
+    CATCH_UP_COST,
     FORCED_FIRST_PRIOR,
     MIN_ROW_SHARE,
     MODEL_PROBE_TOKENS,
@@ -320,10 +321,12 @@ def test_a_proposed_ngram_draft_moves_on_to_the_next_occurrence():
 
 
 def confident_model_drafter(verify_seconds: dict[int, float]) -> AdaptiveDrafter:
-    """A drafter model that is always sure (so each token is kept with probability 0.97)."""
+    """A drafter model that is always sure (so each token is kept with probability 0.97),
+    planned with no budget for what drafts that win nothing may lose (the plan alone)."""
     counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
     model = ModelDrafter(FakeBackend(counting, N_VOCAB))
-    return AdaptiveDrafter(CostModel(verify_seconds, 0.01, learn=False), model=model)
+    costs = CostModel(verify_seconds, 0.01, learn=False)
+    return AdaptiveDrafter(costs, model=model, probe_budget=float("inf"))
 
 
 def test_a_model_draft_grows_while_verification_stays_cheap():
@@ -340,17 +343,40 @@ def test_a_model_draft_stops_where_its_next_token_costs_more_than_it_brings():
 def test_a_drafter_behind_by_a_whole_prompt_drafts_an_answer_with_room_left():
     # Catching the drafter up on a 300-token prompt costs about 300 x 0.4 of its steps,
     # once; shared by the rounds it serves, a draft pays (charged whole to one round, the
-    # planner never drafted with a model). With two tokens left, it does not pay.
+    # planner never drafted with a model). With two tokens left, it does not pay. (The plan
+    # alone: whether the answer affords the catch-up is the next test's.)
     counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
     prompt = [t % N_VOCAB for t in range(300)]
 
     def planner() -> AdaptiveDrafter:
         model = ModelDrafter(FakeBackend(counting, N_VOCAB))
         costs = CostModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0}, 0.1, learn=False)
-        return AdaptiveDrafter(costs, model=model)
+        return AdaptiveDrafter(costs, model=model, probe_budget=float("inf"))
 
     assert propose(planner(), prompt, max_tokens=63).source == "model"
     assert propose(planner(), prompt, max_tokens=2).source == "none"
+
+
+def test_a_planned_model_draft_waits_until_the_answer_affords_the_drafters_catch_up():
+    # Model drafts pay by plan (verifying 8 rows costs what one does, a drafter step
+    # 0.01 s), and a round is charged only its share of the catch-up. But the drafter has
+    # read none of the 40 tokens, and its catch-up is paid at once, whole: 39 tokens x
+    # 0.01 s x CATCH_UP_COST. A short answer (an agent's turn after a tool's result) would
+    # never win it back, so the plan waits until the answer could lose it within its budget.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    drafter = AdaptiveDrafter(
+        CostModel({1: 1.0, 8: 1.0}, 0.01, learn=False),
+        model=ModelDrafter(FakeBackend(counting, N_VOCAB)),
+        model_probes=ProbeSchedule(first=10**6),
+    )
+    drafter.begin(40, [])
+    context = [(7 * i) % N_VOCAB for i in range(40)]
+    catch_up = 39 * 0.01 * CATCH_UP_COST
+    plain_rounds(drafter, catch_up / PROBE_BUDGET - 0.5)
+    assert propose(drafter, context, max_tokens=64).tokens == []
+    plain_rounds(drafter, 0.501)
+    draft = propose(drafter, context, max_tokens=64)
+    assert draft.source == "model" and len(draft.tokens) > MODEL_PROBE_TOKENS  # planned
 
 
 @pytest.mark.parametrize(("round_seconds", "still_drafts"), [(2.0, True), (20.0, False)])

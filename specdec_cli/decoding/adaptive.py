@@ -146,7 +146,7 @@ class AdaptiveDrafter:
         if self.model is None:
             return Draft.empty()
         self._model_plan = planned_model_rate
-        if model_rate > plain_rate * self.margin:
+        if model_rate > plain_rate * self.margin and self._catch_up_affordable(context):
             self.model_probes.paid()
             return self._model_draft(context, max_tokens, sampling, chooser)
         probe = self._model_probe(context, max_tokens, sampling, chooser, catch_up)
@@ -281,14 +281,29 @@ class AdaptiveDrafter:
         # Divided, not multiplied: an infinite budget (tests) affords anything from the start.
         return (seconds - self._saved_seconds) / self.probe_budget <= self._answer_seconds
 
+    def _catch_up_affordable(self, context: Sequence[int]) -> bool:
+        """Whether the drafter's catch-up before a planned model draft keeps the answer
+        within PROBE_BUDGET of the target alone's pace, should the drafts win nothing. Its
+        first is the whole prompt, paid at once: a short answer (an agent's turn after a
+        tool's result) never wins it back, whatever share of it a round is charged."""
+        return self._affordable(self._catch_up_whole(context))
+
+    def _catch_up_whole(self, context: Sequence[int]) -> float:
+        assert self.model is not None
+        return self.model.behind(context) * self.costs.draft_step * CATCH_UP_COST
+
     def _model_probe_seconds(self, context: Sequence[int]) -> float:
         """What a model probe costs beyond a plain step: the drafter's whole catch-up (a
         probe's rarely serves drafts after it), its steps and the longer verification."""
         assert self.model is not None
         step = self.costs.draft_step
-        catch_up = self.model.behind(context) * step * CATCH_UP_COST
         size = MODEL_PROBE_TOKENS + 1
-        return catch_up + size * step + self.costs.verify(size) - self.costs.verify(1)
+        return (
+            self._catch_up_whole(context)
+            + size * step
+            + self.costs.verify(size)
+            - self.costs.verify(1)
+        )
 
     # -- planning --------------------------------------------------------------------------
 

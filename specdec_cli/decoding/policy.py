@@ -123,7 +123,11 @@ CATCH_UP_COST = 0.4
 # is charged its share: over the rounds the answer may have left, at about two tokens a
 # round, at most this many. Charged whole, the drafter's prefill of the prompt (90 tokens:
 # 0.45 s for SmolLM2, 1.4 s for the 0.5B drafter on the AVX2 machine) outweighed any one
-# round's gain, and the planner drafted with a model only when a probe forced it.
+# round's gain, and the planner drafted with a model only when a probe forced it. It is
+# still paid whole, at once, so a planned model draft is only made where the answer could
+# lose its whole catch-up within PROBE_BUDGET (below): an agent's 29-token turn after a
+# tool's result, its 122-token prompt not yet read by SmolLM2, took 2.30 s against the
+# target alone's 1.57 s where the plan drafted, 0.75 s of it in the drafter (Zen 5, bench).
 CATCH_UP_ROUNDS = 32
 # Decode sizes the planner tries now and then even where the cost table calls them too
 # dear, so a table that overprices them (probed on a busy machine) is corrected instead of
@@ -143,11 +147,11 @@ EXPLORE_MOVED = 0.2
 # 1 - PROBE_BUDGET of the target alone's pace or better: what drafting has saved so far
 # (by the cost table's one-token step) plus this fraction of the time the answer has
 # taken must cover what the try costs beyond a plain step (for a model probe, the drafter's
-# catch-up too). On the AVX2 machine, SmolLM2 drafting for Qwen: unbounded, one model
-# probe's catch-up (the drafter reading prompt and answer, 0.46-0.62 s) and two or three
-# fillers (0.2 s) cost 96-token prose and QA answers 5-12% of their time for nothing; the
-# savings let predictable text (n-gram hits in structured answers) probe early, which is
-# where a probe finds model drafts that pay.
+# catch-up too; for a planned model draft, its catch-up alone). On the AVX2 machine, SmolLM2
+# drafting for Qwen: unbounded, one model probe's catch-up (the drafter reading prompt and
+# answer, 0.46-0.62 s) and two or three fillers (0.2 s) cost 96-token prose and QA answers
+# 5-12% of their time for nothing; the savings let predictable text (n-gram hits in
+# structured answers) probe early, which is where a probe finds model drafts that pay.
 PROBE_BUDGET = 0.03
 
 
