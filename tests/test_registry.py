@@ -15,7 +15,7 @@ from specdec_cli.cli import app
 from specdec_cli.errors import IncompatibleModelsError, ModelFileError, RegistryError
 from specdec_cli.models.gguf_meta import FingerprintCache, read_gguf_info
 from specdec_cli.models.model_status import model_statuses
-from specdec_cli.models.registry import HubSource, PypiSource, load_registry
+from specdec_cli.models.registry import HubSource, PypiSource, RequantizedSource, load_registry
 from specdec_cli.models.resolve import pick_drafter, resolve_model
 from specdec_cli.render_fetch import print_models_table
 
@@ -54,8 +54,13 @@ def test_default_pair_is_smollm2_drafting_by_text_for_the_qwen_coder_target():
     small = registry.lookup("small")
     large = registry.lookup(registry.default_target)
 
-    assert (tiny.name, small.params, large.params) == ("smollm2-135m", "0.5B", "1.5B")
-    assert tiny.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert (tiny.name, small.params, large.params) == ("smollm2-135m-q8_0", "0.5B", "1.5B")
+    (requantized,) = tiny.sources  # made on this machine from the published, checked file
+    assert isinstance(requantized, RequantizedSource) and requantized.quant == "q8_0"
+    published = requantized.parent
+    assert published is not None and published.name == "smollm2-135m"
+    assert published.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert registry.lookup("smollm2") == published
     assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     assert large.size == 1_117_320_768
     assert isinstance(large.sources[0], HubSource)
@@ -133,6 +138,24 @@ def test_source_kind_and_fields_are_checked(tmp_path):
                  "      - hf: {repo: a/b}\n")
     missing = r"sources\[0\].hf is missing the required field.* file"
     with pytest.raises(RegistryError, match=missing):
+        load_registry(path)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{from: nothing-here, quant: q8_0}", "requantised from 'nothing-here', which is not a"),
+        ("{from: copy, quant: q8_0}", "requantised from 'copy', which is itself requantised"),
+        ("{from: mine, quant: q2_k}", r"field 'quant': expected one of q4_0, q8_0"),
+        ("{from: mine}", "is missing the required field.* quant"),
+    ],
+    ids=["unknown", "chained", "quant", "missing"],
+)
+def test_a_requantize_source_names_a_model_fetched_another_way(tmp_path, source, expected):
+    path = write(tmp_path, VALID_ENTRY + "  copy:\n    family: t\n    sources:\n"
+                 "      - requantize: {from: mine, quant: q4_0}\n"
+                 f"  copy2:\n    family: t\n    sources:\n      - requantize: {source}\n")
+    with pytest.raises(RegistryError, match=expected):
         load_registry(path)
 
 

