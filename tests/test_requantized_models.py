@@ -12,6 +12,7 @@ import yaml
 from specdec_cli.errors import FetchError, ModelFileError
 from specdec_cli.models import llama_backend
 from specdec_cli.models.fetch import fetch_entry
+from specdec_cli.models.model_status import model_statuses
 from specdec_cli.models.pypi import joined_path
 from specdec_cli.models.registry import REQUANT_QUANTS, load_registry
 
@@ -92,3 +93,11 @@ def test_a_failed_requantisation_leaves_nothing_that_passes_as_the_copy(
 
 def test_the_registry_names_the_types_the_quantiser_is_given():
     assert set(REQUANT_QUANTS) == set(llama_backend.QUANT_TYPES)
+
+
+def test_the_models_list_sizes_a_copy_by_its_file_once_made(registry_file):
+    registry = load_registry(registry_file)
+    size = {s.name: s.size for s in model_statuses(registry)}
+    assert size["copy"] is None  # the registry cannot know it before the copy exists
+    made = fetch_entry(registry.lookup("copy"))
+    assert {s.name: s.size for s in model_statuses(registry)}["copy"] == made.stat().st_size

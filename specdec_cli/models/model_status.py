@@ -67,6 +67,7 @@ def _status(entry: ModelEntry, registry: Registry, vocab: dict, entries: list) -
         and entry.role == "drafter"
         and other.role == "target"
     )
+    path = find_local(entry)
     return ModelStatus(
         name=entry.name,
         aliases=tuple(registry.aliases_of(entry.name)),
@@ -74,8 +75,9 @@ def _status(entry: ModelEntry, registry: Registry, vocab: dict, entries: list) -
         family=entry.family,
         params=entry.params,
         quant=entry.quant,
-        size=entry.size,
-        path=find_local(entry),
+        # A copy made here (requantised) has no size in the registry until it exists.
+        size=entry.size or (path.stat().st_size if path else None),
+        path=path,
         vocab=mine,
         drafter_for=targets,
         text_drafter_for=by_text,
