@@ -12,25 +12,17 @@ import yaml
 from specdec_cli.errors import FetchError, ModelFileError
 from specdec_cli.models import llama_backend
 from specdec_cli.models.fetch import fetch_entry
+from specdec_cli.models.fetch_progress import SilentProgress
 from specdec_cli.models.model_status import model_statuses
 from specdec_cli.models.pypi import joined_path
 from specdec_cli.models.registry import REQUANT_QUANTS, load_registry
 
 
-class Notes:
+class Notes(SilentProgress):
     """A FetchProgress that keeps its notes."""
 
     def __init__(self) -> None:
         self.notes: list[str] = []
-
-    def start(self, label: str, total: int | None) -> None:
-        pass
-
-    def advance(self, nbytes: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
     def note(self, message: str) -> None:
         self.notes.append(message)
