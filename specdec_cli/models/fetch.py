@@ -3,7 +3,8 @@ verified local file.
 
 Sources of a registry entry are tried in order. A file that is already present is used without
 touching the network. A file only appears under its final name once its size and SHA-256 have
-been checked, so an interrupted pull never leaves a file that later passes as complete.
+been checked (a requantised copy: once its parent's have been and the quantiser has finished),
+so an interrupted pull never leaves a file that later passes as complete.
 
 This module only orchestrates: the sources themselves are hub.py and pypi.py, the check is
 checksums.py, and progress goes through fetch_progress.FetchProgress.

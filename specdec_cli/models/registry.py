@@ -68,7 +68,7 @@ class RequantizedSource:
     """Another registry model's file requantised on this machine by llama.cpp's quantiser:
     the way to a drafter whose layers have a batched kernel that the published file lacks
     (SmolLM2's Q4_1 layers read a prompt at 0.39 of the target's cost per token, their Q8_0
-    copy at 0.18). `parent` is resolved when the registry is loaded."""
+    copy at 0.20). `parent` is resolved when the registry is loaded."""
 
     parent_name: str
     quant: str
