@@ -289,6 +289,7 @@ class AdaptiveDrafter:
         return self._affordable(self._catch_up_whole(context))
 
     def _catch_up_whole(self, context: Sequence[int]) -> float:
+        """What bringing the drafter's cache up to `context` costs, paid at once."""
         assert self.model is not None
         return self.model.behind(context) * self.costs.draft_step * CATCH_UP_COST
 
@@ -381,7 +382,7 @@ class AdaptiveDrafter:
         if self.model is None:
             return 0.0
         rounds = max(1, min(CATCH_UP_ROUNDS, max_tokens // 2))
-        return self.model.behind(context) * self.costs.draft_step * CATCH_UP_COST / rounds
+        return self._catch_up_whole(context) / rounds
 
     def _model_draft(
         self,
