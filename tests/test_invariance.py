@@ -183,7 +183,7 @@ def test_exact_and_fast_backends_share_one_process(tiny_models):
 
 
 def test_exact_mode_refuses_a_build_without_the_patch(tiny_models, monkeypatch):
-    monkeypatch.setattr(llama_backend, "_set_invariant_rows", None)
+    monkeypatch.setattr(llama_backend._exactness, "_switches", {})
     with pytest.raises(ModelFileError, match="batch-invariant"):
         LlamaBackend(tiny_models.target, n_ctx=64, exact=True)
 

@@ -31,6 +31,7 @@ from ..errors import (
     ModelFileError,
 )
 from ..structured import Structure, StructureError, StructureKind
+from .exactness import Exactness
 from .llama_batches import aligned_bounds, chunk_bounds, decode_failure, round_widths
 from .rounds import Part, Rounds
 
@@ -111,25 +112,26 @@ def devices_of_type(types: tuple[int, ...]) -> list[int]:
     return [device for device in devices if _dev_type(device) in types]
 
 
-# ggml_cpu_set_invariant_rows from specdec's llama.cpp patch, or None in a build without it.
-# ggml makes it one process-wide switch: each decode sets it for its own model.
-_set_invariant_rows = native_function("ggml_cpu_set_invariant_rows", [ctypes.c_int], None)
+# The invariant kernels' switches of every backend in this build (exactness.py). ggml makes each
+# one process-wide: each decode sets them for its own model.
+_exactness = Exactness(native_function)
 
 
 def has_invariant_kernels() -> bool:
-    return _set_invariant_rows is not None
+    """Whether every backend of this build that specdec patches has its invariant kernels."""
+    return _exactness.on_cpu and not _exactness.missing_in_build()
 
 
 def keep_invariant_kernels() -> None:
     """Batch-invariant kernels for every batch of up to EXACT_BATCH_ROWS rows, from now on in
     this process (an RPC worker, which cannot tell a prompt from a draft)."""
-    if _set_invariant_rows is None:
+    if not has_invariant_kernels():
         raise ModelFileError(
             "this llama.cpp build has no batch-invariant kernels, so a worker would make exact "
             "clients' answers depend on batching.",
             "Run `make install` (it applies specdec's llama.cpp patch).",
         )
-    _set_invariant_rows(EXACT_BATCH_ROWS)
+    _exactness.set_invariant_rows(EXACT_BATCH_ROWS)
 
 
 def rowwise_kernels() -> str:
@@ -193,7 +195,7 @@ def invariant_prompts() -> bool:
     even with every layer on the CPU)."""
     global _invariant_prompts
     if _invariant_prompts is None:
-        isa = rowwise_kernels() if _set_invariant_rows is not None else "absent"
+        isa = rowwise_kernels() if _exactness.on_cpu else "absent"
         _invariant_prompts = isa in INVARIANT_PROMPT_ISAS and not devices_of_type(GPU_TYPES)
     return _invariant_prompts
 
@@ -223,9 +225,11 @@ def kernel_signature(exact: bool) -> str:
     with other kernels or flags is another build), whether it has the batch-invariant kernels
     and whether they are used (exact) and up to how many rows."""
     parts = [f"llama-cpp-python={library_version()}", f"lib={_library_build()}"]
-    if _set_invariant_rows is None:
+    parts.append(f"gpu={'+'.join(_exactness.gpu_backends) or 'none'}")
+    if not _exactness.on_cpu:
         parts.append("invariant=none")
     else:
+        parts.append(f"invariant-backends={_exactness.signature()}")
         parts.append(f"invariant=rows<={EXACT_BATCH_ROWS}" if exact else "invariant=off")
         parts.append(f"rowwise={rowwise_kernels()}")
         if exact and invariant_prompts():  # a prompt's keys differ from chunked prompts'
@@ -270,12 +274,8 @@ class LlamaBackend:
         `devices`: the ggml devices that may hold the model's layers (rpc_devices: this
         machine's, or RPC workers'), all of them unless `n_gpu_layers` says how many, shared
         as `tensor_split` says; None: every device ggml registered."""
-        if exact and _set_invariant_rows is None:
-            raise ModelFileError(
-                "this llama.cpp build has no batch-invariant kernels, so exact mode cannot "
-                "guarantee the target's own answer.",
-                "Run `make install` (it applies specdec's llama.cpp patch), or pass --fast.",
-            )
+        if exact:
+            _refuse_inexact_placement(n_gpu_layers)
         self.exact = exact
         self._on_this_cpu = devices is None  # not on RPC workers (their kernels may differ)
         self.path = Path(path)
@@ -331,6 +331,10 @@ class LlamaBackend:
             params.kv_unified = unified
         params.n_threads = params.n_threads_batch = self._n_threads
         params.no_perf = True
+        if self.exact and _exactness.inexact_gpu_backends():
+            # llama.cpp would hand a large batch's products to that GPU, away from the CPU's
+            # invariant kernels (the CUDA patch keeps invariant batches where their weights are)
+            params.op_offload = False
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
             self.close()
@@ -461,17 +465,15 @@ class LlamaBackend:
         lanes: list[Lane] = [(self._views[part.seq], part, len(part.tokens)) for part in parts]
         return self._decode_lanes(lanes, filler=0, invariant=False)
 
-    def _decode_lanes(
-        self, lanes: list[Lane], filler: int, invariant: bool
-    ) -> int:
+    def _decode_lanes(self, lanes: list[Lane], filler: int, invariant: bool) -> int:
         """One llama_decode of the lanes, one after another, each padded with `filler` rows
         to its width; each part gets the logits of its last `n_logits` rows (0: all), and
         its view the tokens; padding cells are removed again. How many padding rows there
         were."""
         starts = self._fill_round_batch(lanes, filler)
         n = self._batch.n_tokens
-        if _set_invariant_rows is not None:  # every row of the round, invariant or none
-            _set_invariant_rows(max(EXACT_BATCH_ROWS, n) if invariant else 0)
+        # every row of the round, invariant or none
+        _exactness.set_invariant_rows(max(EXACT_BATCH_ROWS, n) if invariant else 0)
         status = _llama_decode(self._ctx, self._batch)
         for (view, part, _), start in zip(lanes, starts, strict=True):
             real = 0 if part is None or status != 0 else len(part.tokens)
@@ -488,9 +490,7 @@ class LlamaBackend:
             raise decode_failure(status, position, self.n_ctx)
         return n - sum(len(part.tokens) for _, part, _ in lanes if part is not None)
 
-    def _fill_round_batch(
-        self, lanes: list[Lane], filler: int
-    ) -> list[int]:
+    def _fill_round_batch(self, lanes: list[Lane], filler: int) -> list[int]:
         """The batch holds the lanes one after another, each padded with `filler` rows
         (logits not asked for) to its width, a part's last `n_logits` rows (0: all) asked
         for; where each lane starts."""
@@ -514,9 +514,7 @@ class LlamaBackend:
         self._batch.n_tokens = n
         return starts
 
-    def _round_lanes(
-        self, by_seq: dict[int, Part], seqs: range, widths: list[int]
-    ) -> list[Lane]:
+    def _round_lanes(self, by_seq: dict[int, Part], seqs: range, widths: list[int]) -> list[Lane]:
         """The round's sequences in order, with their rows' count: each part's, and padding
         for the sequences between them that have room for it."""
         lanes: list[Lane] = []
@@ -614,8 +612,8 @@ class LlamaBackend:
             self._batch_logits[n - n_logit_rows : n] = 1
         self._batch.n_tokens = n
         with self._turn():  # the context's and the cores' turn, where they are shared
-            if _set_invariant_rows is not None:  # one process-wide switch: set for each decode
-                _set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
+            # process-wide switches: set for each decode
+            _exactness.set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
             status = _llama_decode(self._ctx, self._batch)
             if status != 0:
                 # A failure can leave part of the batch in the KV cache: keep it in step with
@@ -834,6 +832,28 @@ class LlamaBackend:
             "n_vocab": self.n_vocab,
             "n_ctx": self.n_ctx,
         }
+
+
+def _refuse_inexact_placement(n_gpu_layers: int) -> None:
+    """Exact mode needs batch-invariant kernels wherever the model's layers run: refuse a build
+    without specdec's patches, and layers on a GPU backend that has none (it refuses rather
+    than verify on the CPU: with the weights on the GPU that would be slower than the target
+    alone there, which breaks the other half of the promise)."""
+    if not has_invariant_kernels():
+        missing = ", ".join(_exactness.missing_in_build())
+        raise ModelFileError(
+            f"this llama.cpp build has no batch-invariant kernels ({missing}), so exact mode "
+            "cannot guarantee the target's own answer.",
+            "Run `make install` (it applies specdec's llama.cpp patches), or pass --fast.",
+        )
+    inexact = _exactness.inexact_gpu_backends()
+    if inexact and n_gpu_layers != 0:
+        raise ModelFileError(
+            f"exact mode has no batch-invariant kernels for {', '.join(inexact)} yet, so answers "
+            "with layers there could differ from the target alone's.",
+            "Pass --fast for llama.cpp's own kernels there, or --gpu-layers 0 for exact answers "
+            "on the CPU.",
+        )
 
 
 def _load_model(

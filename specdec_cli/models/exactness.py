@@ -1,0 +1,88 @@
+"""Exact mode's kernels, backend by backend.
+
+A token's logits are the same whatever its batch only where specdec's llama.cpp patches give a
+backend batch-invariant kernels: ggml's CPU backend (patch 0001) and its CUDA backend (patch 0003).
+Each exports one switch, `set_invariant_rows(n)`: while n > 0, a batch of at most n rows is
+computed row by row as a lone row is. This module finds the switches in the loaded build, sets
+them all for each decode, and names the GPU backends that have none (Metal, Vulkan, ROCm, SYCL...),
+where exact mode must refuse rather than answer differently. A backend's patch plugs in by adding
+its registry name and switch to INVARIANT_SWITCHES.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+# ggml's registry name of a backend -> the switch its specdec patch exports. ROCm builds the CUDA
+# sources under another name: it stays out until its kernels are shown invariant on its GPUs.
+INVARIANT_SWITCHES = {
+    "CPU": "ggml_cpu_set_invariant_rows",
+    "CUDA": "ggml_backend_cuda_set_invariant_rows",
+}
+GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+
+Lookup = Callable[[str, list, object], Callable | None]
+
+
+class Exactness:
+    """The batch-invariant kernels of one loaded llama.cpp build: `lookup(name, argtypes,
+    restype)` finds one of its functions (None where the build lacks it)."""
+
+    def __init__(self, lookup: Lookup) -> None:
+        self._switches = {
+            backend: switch
+            for backend, name in INVARIANT_SWITCHES.items()
+            if (switch := lookup(name, [ctypes.c_int], None)) is not None
+        }
+        self._gpu_backends = _gpu_backend_names(lookup)
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the CPU backend has the invariant kernels (a build with specdec's patches)."""
+        return "CPU" in self._switches
+
+    @property
+    def gpu_backends(self) -> list[str]:
+        """The registry names of this build's GPU backends that found a device (e.g. CUDA)."""
+        return list(self._gpu_backends)
+
+    def inexact_gpu_backends(self) -> list[str]:
+        """GPU backends without invariant kernels: exact mode cannot run layers there."""
+        return [name for name in self._gpu_backends if name not in self._switches]
+
+    def missing_in_build(self) -> list[str]:
+        """Backends this build has whose patch is known but whose switch is absent (a build of
+        stock llama.cpp, or one made without specdec's patches)."""
+        backends = ["CPU", *self._gpu_backends]
+        return [
+            name for name in backends if name in INVARIANT_SWITCHES and name not in self._switches
+        ]
+
+    def set_invariant_rows(self, n_rows: int) -> None:
+        """Every backend's switch: batches of up to `n_rows` rows invariant (0: off)."""
+        for switch in self._switches.values():
+            switch(n_rows)
+
+    def signature(self) -> str:
+        """Which backends' invariant kernels this build has, for keying measured costs."""
+        return "+".join(sorted(self._switches)) or "none"
+
+
+def _gpu_backend_names(lookup: Lookup) -> list[str]:
+    """The registry names of the GPU backends with a device, from ggml's device list."""
+    pointer = ctypes.c_void_p
+    count = lookup("ggml_backend_dev_count", [], ctypes.c_size_t)
+    get = lookup("ggml_backend_dev_get", [ctypes.c_size_t], pointer)
+    kind = lookup("ggml_backend_dev_type", [pointer], ctypes.c_int)
+    registry = lookup("ggml_backend_dev_backend_reg", [pointer], pointer)
+    name = lookup("ggml_backend_reg_name", [pointer], ctypes.c_char_p)
+    if count is None or get is None or kind is None or registry is None or name is None:
+        return []
+    backends: list[str] = []
+    for index in range(count()):
+        device = get(index)
+        backend = name(registry(device)).decode()
+        if kind(device) in GPU_TYPES and backend not in backends:
+            backends.append(backend)
+    return backends

@@ -1,0 +1,100 @@
+"""Exact mode per backend (models/exactness.py): one switch for every backend's invariant
+kernels, and a refusal where a GPU backend has none. A fake build stands in for llama.cpp's
+library, so GPUs that this machine lacks (CUDA, Metal) can be named."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_cli.errors import ModelFileError
+from specdec_cli.models import llama_backend
+from specdec_cli.models.exactness import Exactness
+from specdec_cli.models.llama_backend import LlamaBackend
+
+CPU, GPU = 0, 1  # enum ggml_backend_dev_type
+
+
+class FakeBuild:
+    """A llama.cpp build's functions: its devices (registry name, device type) and which
+    invariant switches it exports; records every switch call."""
+
+    def __init__(self, devices: list[tuple[str, int]], switches: set[str]) -> None:
+        self.devices = devices
+        self.switches = switches
+        self.calls: list[tuple[str, int]] = []
+
+    def lookup(self, name: str, argtypes: list, restype: object):
+        devices = self.devices
+        functions = {
+            "ggml_backend_dev_count": lambda: len(devices),
+            "ggml_backend_dev_get": lambda index: index,
+            "ggml_backend_dev_type": lambda device: devices[device][1],
+            "ggml_backend_dev_backend_reg": lambda device: device,
+            "ggml_backend_reg_name": lambda registry: devices[registry][0].encode(),
+        }
+        if name in self.switches:
+            return lambda n_rows: self.calls.append((name, n_rows))
+        return functions.get(name)
+
+
+CPU_SWITCH, CUDA_SWITCH = "ggml_cpu_set_invariant_rows", "ggml_backend_cuda_set_invariant_rows"
+
+
+def test_one_call_sets_every_backends_switch():
+    build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH, CUDA_SWITCH})
+    exactness = Exactness(build.lookup)
+    exactness.set_invariant_rows(64)
+    exactness.set_invariant_rows(0)
+    assert sorted(build.calls) == sorted(
+        [(CPU_SWITCH, 64), (CUDA_SWITCH, 64), (CPU_SWITCH, 0), (CUDA_SWITCH, 0)]
+    )
+    assert exactness.gpu_backends == ["CUDA"]
+    assert exactness.inexact_gpu_backends() == [] and exactness.missing_in_build() == []
+    assert exactness.signature() == "CPU+CUDA"
+
+
+def test_gpu_backends_without_a_patch_are_named():
+    build = FakeBuild([("CPU", CPU), ("Metal", GPU), ("Vulkan", GPU)], {CPU_SWITCH})
+    exactness = Exactness(build.lookup)
+    assert exactness.inexact_gpu_backends() == ["Metal", "Vulkan"]
+    assert exactness.missing_in_build() == []  # no patch exists for them: not a broken build
+
+
+def test_a_cuda_build_without_its_switch_is_incomplete():
+    exactness = Exactness(FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH}).lookup)
+    assert exactness.missing_in_build() == ["CUDA"]
+    assert exactness.inexact_gpu_backends() == ["CUDA"]
+
+
+def test_this_build_has_the_cpu_switch():
+    assert llama_backend._exactness.on_cpu
+    assert "CPU" in llama_backend._exactness.signature().split("+")
+    assert llama_backend.has_invariant_kernels()
+    assert "invariant-backends=" in llama_backend.kernel_signature(True)
+
+
+@pytest.fixture
+def metal_machine(monkeypatch):
+    build = FakeBuild([("CPU", CPU), ("Metal", GPU)], {CPU_SWITCH})
+    monkeypatch.setattr(llama_backend, "_exactness", Exactness(build.lookup))
+
+
+def test_exact_mode_refuses_layers_on_a_gpu_without_invariant_kernels(tiny_models, metal_machine):
+    with pytest.raises(ModelFileError, match="Metal") as refused:
+        LlamaBackend(tiny_models.target, n_ctx=64, n_gpu_layers=-1, exact=True)
+    fix = refused.value.fix or ""
+    assert "--fast" in fix and "--gpu-layers 0" in fix
+
+
+def test_exact_mode_keeps_a_cpu_only_model_on_such_a_machine(tiny_models, metal_machine):
+    backend = LlamaBackend(tiny_models.target, n_ctx=64, n_gpu_layers=0, exact=True)
+    backend.close()
+    fast = LlamaBackend(tiny_models.target, n_ctx=64, n_gpu_layers=-1, exact=False)
+    fast.close()
+
+
+def test_a_build_missing_a_backends_switch_is_refused(tiny_models, monkeypatch):
+    build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH})
+    monkeypatch.setattr(llama_backend, "_exactness", Exactness(build.lookup))
+    with pytest.raises(ModelFileError, match=r"no batch-invariant kernels \(CUDA\)"):
+        LlamaBackend(tiny_models.target, n_ctx=64, exact=True)
