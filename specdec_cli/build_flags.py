@@ -5,6 +5,11 @@ dependencies exist. A native x86 build (-march=native) turns on AMX on CPUs that
 and llama.cpp's AMX path crashes on the first decode on some of them, so on x86 Linux we
 list the instruction sets ourselves and leave AMX off.
 
+On Linux the shared libraries keep the code of static libraries they link to themselves
+(--exclude-libs): a toolchain that links libstdc++ statically (seen on a CUDA 13.0 machine)
+otherwise gave every llama.cpp library an exported copy of it, the copies stood in for each
+other, and every model load crashed in llama_model::print_info.
+
 SPECDEC_CMAKE_ARGS adds to these flags (e.g. "-DGGML_CUDA=on" keeps the AMX guard); it comes
 last, so where it sets an option again CMake takes its value. CMAKE_ARGS replaces the computed
 flags entirely (SPECDEC_CMAKE_ARGS is still added after it).
@@ -33,6 +38,7 @@ COMMON = (
     "-DLLAVA_BUILD=OFF",  # the multimodal library: not used, a third of the build time
     "-DGGML_RPC=ON",  # llama.cpp's RPC backend: `specdec worker`, --rpc
 )
+LINUX_LINK = ("-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL",)  # see the docstring
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:
@@ -61,9 +67,10 @@ def rowwise_isa(flags: set[str]) -> str:
 
 
 def computed_args(machine: str, system: str, cpuinfo: str) -> list[str]:
+    linux = list(LINUX_LINK) if system == "Linux" else []
     if system == "Linux" and machine in ("x86_64", "AMD64"):
-        return [*COMMON, *x86_args(cpu_flags(cpuinfo))]
-    return list(COMMON)  # macOS builds Metal by default; ARM native builds are fine
+        return [*COMMON, *linux, *x86_args(cpu_flags(cpuinfo))]
+    return [*COMMON, *linux]  # macOS builds Metal by default; ARM native builds are fine
 
 
 def cmake_args(environ: dict[str, str], machine: str, system: str, cpuinfo: str) -> str:

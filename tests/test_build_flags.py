@@ -76,6 +76,8 @@ def test_arm_linux_and_macos_keep_llama_cpps_native_build() -> None:
         ("x86_64", "Darwin", ""),  # an Intel Mac: no /proc/cpuinfo, llama.cpp's own choice
     ):
         expected = "-DLLAVA_BUILD=OFF -DGGML_RPC=ON"
+        if system == "Linux":
+            expected += " -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL"
         assert cmake_args({}, machine, system, cpuinfo) == expected, (machine, system)
 
 
@@ -125,3 +127,12 @@ def test_the_rowwise_kernels_follow_the_instruction_sets_the_build_turns_on():
     assert rowwise_isa(cpu_flags(AVX2_CPUINFO)) == "avx2"
     assert rowwise_isa({"avx2", "fma", "f16c", "avx512f"}) == "avx2"  # AVX-512 without VNNI
     assert rowwise_isa({"sse4_2", "avx"}) == "none"
+
+
+def test_linux_libraries_keep_the_static_code_they_link_to_themselves() -> None:
+    # A toolchain that links libstdc++ statically gave every library an exported copy, which
+    # stood in for the others' and crashed every model load (seen with CUDA 13.0).
+    for machine, cpuinfo in (("x86_64", AVX2_CPUINFO), ("aarch64", ARM_CPUINFO)):
+        flags = options(cmake_args({}, machine, "Linux", cpuinfo))
+        assert flags["CMAKE_SHARED_LINKER_FLAGS"] == "-Wl,--exclude-libs,ALL"
+    assert "CMAKE_SHARED_LINKER_FLAGS" not in options(cmake_args({}, "arm64", "Darwin", ""))
