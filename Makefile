@@ -21,12 +21,12 @@ install: $(STAMP)
 # SPECDEC_CMAKE_ARGS; CMAKE_ARGS replaces the computed flags. setuptools says "Editable
 # installation... be careful with folders" as a UserWarning on every editable install:
 # noise on a newcomer's first screen, so not shown (PYTHONWARNINGS below).
-$(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh $(LLAMA_PATCHES) $(NATIVE_SOURCES)
+$(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-python.sh scripts/check_build.py $(LLAMA_PATCHES) $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
 	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e ".[test]"
-	$(PY) -c "from specdec_cli.models import llama_backend as b; assert b.has_invariant_kernels(), 'llama.cpp built without specdec patches'; print('llama-cpp-python', b.library_version(), 'ready, batch-invariant kernels: yes')"
+	$(PY) scripts/check_build.py
 	touch $(STAMP)
 
 # The main job on the default pair, installing first whatever is missing. The prompt travels
@@ -34,9 +34,11 @@ $(STAMP): pyproject.toml specdec_cli/build_flags.py scripts/build-llama-cpp-pyth
 run: install
 	$(VENV)/bin/specdec run --draft tiny --target large -- "$$PROMPT" </dev/null
 
-# Rebuild llama.cpp after changing flags (e.g. SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on").
+# Rebuild llama.cpp after changing flags (e.g. SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on"), then check
+# that it loads and decodes (on the GPU where it has one) and that exact mode is exact there.
 rebuild-llama: install
 	scripts/build-llama-cpp-python.sh $(PY) $(LLAMA_CPP_VERSION)
+	$(PY) scripts/check_build.py
 
 test: install test-native
 	$(PY) -m pytest -ra
@@ -53,7 +55,7 @@ test-fast: install
 	$(PY) -m pytest -ra -m "not slow"
 
 lint: install
-	$(VENV)/bin/ruff check specdec_cli tests
+	$(VENV)/bin/ruff check specdec_cli tests scripts/check_build.py scripts/gpu_check.py
 	$(VENV)/bin/mypy
 
 bench: install

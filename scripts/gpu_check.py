@@ -1,0 +1,111 @@
+"""Exact mode on a GPU: batch invariance and decode costs of GGUF models, all layers offloaded.
+
+Usage: python scripts/gpu_check.py NGL MODEL.gguf [MODEL.gguf ...]   (the project importable)
+
+Per model and mode (exact, then fast): decode a 128-token context, then n tokens one at a time
+and the same n tokens in one batch (n = 2..32); print the largest logit difference, how many
+rows are bit-identical and how many keep the same top token. Then the steady cost of a decode
+of n tokens (the same n again and again: CUDA graphs stay captured), and the cost of n=1 and of
+n=8 when they alternate, as a drafter's steps and a target's verifications do in one context.
+Exits non-zero if an exact row differs. Ends with one JSON line of everything.
+
+Run by the GPU kit (scripts/gpu/device.sh) on a machine with a GPU; see README (GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from specdec_cli.models.llama_backend import LlamaBackend, system_info
+
+TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
+INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)
+COST_SIZES = (1, 2, 4, 5, 8, 9, 16, 32, 64)
+REPEATS = 20
+WARMUP = 3
+
+
+def invariance(backend: LlamaBackend, context: list[int], tail: list[int]) -> dict:
+    out = {}
+    for n in INVARIANCE_SIZES:
+        backend.truncate(len(context))
+        single = np.vstack([np.array(backend.decode([t], 1)) for t in tail[:n]])
+        backend.truncate(len(context))
+        batch = np.array(backend.decode(tail[:n], n))
+        diff = np.abs(single - batch).max(axis=1)
+        out[n] = {
+            "max_diff": float(diff.max()),
+            "rows_identical": int((diff == 0).sum()),
+            "same_argmax": int((single.argmax(1) == batch.argmax(1)).sum()),
+        }
+    return out
+
+
+def timed(backend: LlamaBackend, context: list[int], tail: list[int], pattern) -> dict:
+    """Median milliseconds of a decode of each n in `pattern`, run in that order."""
+    times: dict[int, list[float]] = {n: [] for n in set(pattern)}
+    for repeat in range(REPEATS + WARMUP):
+        for n in pattern:
+            backend.truncate(len(context))
+            start = time.perf_counter()
+            backend.decode(tail[:n], n)
+            if repeat >= WARMUP:
+                times[n].append(time.perf_counter() - start)
+    return {n: round(1000 * float(np.median(v)), 3) for n, v in times.items()}
+
+
+def check(path: str, ngl: int, exact: bool) -> dict:
+    backend = LlamaBackend(path, n_ctx=2048, n_gpu_layers=ngl, exact=exact)
+    try:
+        tokens = backend.tokenize(TEXT, add_special=True)
+        context, tail = tokens[:128], tokens[128 : 128 + 64]
+        backend.decode(context, 1, prompt=True)
+        found = {"invariance": invariance(backend, context, tail)}
+        found["steady_ms"] = {n: timed(backend, context, tail, [n])[n] for n in COST_SIZES}
+        found["alternating_ms"] = timed(backend, context, tail, [1, 8])
+        return found
+    finally:
+        backend.close()
+
+
+def report(key: str, found: dict) -> None:
+    print(key, flush=True)
+    for n, r in found["invariance"].items():
+        print(
+            f"  n={n:2d} max|diff| {r['max_diff']:.3g}  identical rows {r['rows_identical']}/{n}"
+            f"  same top token {r['same_argmax']}/{n}"
+        )
+    steady = found["steady_ms"]
+    print("  steady ms by n:", " ".join(f"{n}:{v}" for n, v in steady.items()))
+    print("  as multiples of n=1:", " ".join(f"{n}:{v / steady[1]:.2f}" for n, v in steady.items()))
+    alternating = found["alternating_ms"]
+    print(f"  n=1 and n=8 alternating: {alternating[1]} and {alternating[8]} ms", flush=True)
+
+
+def main() -> int:
+    ngl, paths = int(sys.argv[1]), sys.argv[2:]
+    print(system_info()[:200], flush=True)
+    results, failures = {}, []
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        for exact in (True, False):
+            key = f"{name}:{'exact' if exact else 'fast'}"
+            results[key] = check(path, ngl, exact)
+            report(key, results[key])
+            if exact:
+                failures += [
+                    f"{key} n={n}"
+                    for n, r in results[key]["invariance"].items()
+                    if r["rows_identical"] != n
+                ]
+    print(json.dumps(results))
+    print("exact rows differ:", ", ".join(failures) if failures else "none")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+#!/bin/bash
+# The prepared GPU run: on a GPU machine with no network, from the project root with .gpu
+# (made by the GPU kit's pack.sh: patched llama-cpp-python source, the project, wheels, the kit)
+# carried. Builds llama.cpp with CUDA (sm_90 unless CUDA_ARCH says otherwise) unless .gpu/lib.tar.xz
+# holds a build, checks that it loads, writes shape-true random-weight models, then measures exact
+# mode's invariance and costs (scripts/gpu_check.py) and runs `specdec bench` on the GPU.
+# Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
+set -u
+LOG=${1:-$PWD/gpu-logs}; mkdir -p "$LOG"
+G=$PWD/.gpu; W=${TMPDIR:-/tmp}/specdec-gpu; T0=$(date +%s)
+t() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+exec > >(tee -a "$LOG/run.log") 2>&1
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+nvcc --version | tail -1; nproc; grep -m1 'model name' /proc/cpuinfo
+python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site "$G"/whl/*.whl
+mkdir -p $W/b $W/m $W/home && tar -xzf "$G/src.tar.gz" -C $W/b
+S=$W/b/llama_cpp_python-$(cat "$G/version")
+SHAPES="qwen2.5-7b qwen2.5-1.5b qwen2.5-0.5b"
+(PYTHONPATH=$S/vendor/llama.cpp/gguf-py python3 "$G/make_shape_gguf.py" \
+    $S/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $W/m $SHAPES > $W/models.log 2>&1) &
+models=$!
+if [ -f "$G/lib.tar.xz" ]; then
+  mkdir -p $W/plat/llama_cpp && tar -xJf "$G/lib.tar.xz" -C $W/plat/llama_cpp && t "prebuilt libraries"
+else
+  export SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} ${EXTRA_CMAKE_ARGS:-}"
+  args="$(python3 specdec_cli/build_flags.py)"
+  cmake -S $S -B $W/bld -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKBUILD_PLATLIB_DIR=$W/plat $args \
+      > $W/build.log 2>&1 || { t CONFIGURE FAILED; tail -40 $W/build.log; exit 1; }
+  timeout 450 cmake --build $W/bld -j "$(nproc)" >> $W/build.log 2>&1 && cmake --install $W/bld >> $W/build.log 2>&1 \
+      || { t BUILD FAILED; grep -m3 -B2 -A12 "error" $W/build.log | head -80; exit 1; }
+  t built
+  (cd "$(dirname "$(find $W/plat $S/llama_cpp -name 'libllama.so*' | head -1)")/.." && tar -cf - lib | xz -T0 -6 | split -b 15M - "$LOG/lib.tar.xz.part-")
+fi
+L=$(dirname "$(find $W/plat $S/llama_cpp -name 'libllama.so*' | head -1)")
+CUBLAS=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$L:$(dirname "${CUBLAS:-/x/x}"):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+echo "libggml-cuda exports outside ggml_*: $(nm -D --defined-only $L/libggml-cuda.so | awk '$2 ~ /[TWVBDR]/ {print $3}' | grep -vc '^ggml_')"
+# A build whose libraries each carry libstdc++ statically (no --exclude-libs) crashes at load
+# without this: a measurement aid for such a build, never the fix (build_flags.py has that).
+[ -n "${PRELOAD_LIBSTDCXX:-}" ] && export LD_PRELOAD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L
+wait $models; tail -3 $W/models.log
+python3 -c "
+from specdec_cli.models import llama_backend as b
+m = b.LlamaBackend('$W/m/qwen2.5-0.5b.gguf', n_ctx=256, n_gpu_layers=-1, exact=True)
+print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.signature(), 'vocab', m.n_vocab)
+" || { t "LOAD FAILED"; exit 1; }
+t check
+timeout 200 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
+grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
+bench() {  # target drafter modes tag
+  timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
+      --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats 1 \
+      --max-tokens 64 --json "$LOG/bench-$4.json" > $W/bench-$4.txt 2>&1
+  tail -14 $W/bench-$4.txt
+}
+t bench 7b; bench qwen2.5-7b qwen2.5-0.5b oracle,model 7b
+t bench 1.5b; bench qwen2.5-1.5b qwen2.5-0.5b oracle 1.5b
+t done
