@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tiny_gguf import TinyConfig, write_tiny_llama  # noqa: E402
 
 from specdec_cli.errors import SpecdecError  # noqa: E402
-from specdec_cli.models import llama_backend  # noqa: E402
+from specdec_cli.llama import library  # noqa: E402
+from specdec_cli.llama.backend import LlamaBackend  # noqa: E402
 
 # K-quant rows of 256 and Q8_0: the products take MMVQ on a GPU, as real models' do
 CONFIG = TinyConfig(n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
@@ -31,7 +32,7 @@ FIX = "Rebuild with `make rebuild-llama` (README: GPUs); --verbose shows llama.c
 
 def check(model: Path, gpu: bool) -> None:
     layers = -1 if gpu else 0
-    backend = llama_backend.LlamaBackend(model, n_ctx=128, n_gpu_layers=layers, exact=True)
+    backend = LlamaBackend(model, n_ctx=128, n_gpu_layers=layers, exact=True)
     try:
         prompt = backend.tokenize("the cat sat on the mat", add_special=True)
         backend.decode(prompt, 1, prompt=True)
@@ -51,8 +52,8 @@ def check(model: Path, gpu: bool) -> None:
 
 
 def main() -> None:
-    exactness = llama_backend._exactness
-    if not llama_backend.has_invariant_kernels():
+    exactness = library._exactness
+    if not library.has_invariant_kernels():
         missing = ", ".join(exactness.missing_in_build())
         raise SystemExit(f"error: llama.cpp was built without specdec's patches ({missing}). {FIX}")
     gpus = exactness.gpu_backends
@@ -68,7 +69,7 @@ def main() -> None:
     inexact = exactness.inexact_gpu_backends()
     note = f" (none on {', '.join(inexact)}: exact needs --gpu-layers 0)" if inexact else ""
     print(
-        f"llama-cpp-python {llama_backend.library_version()} ready, {where}, "
+        f"llama-cpp-python {library.library_version()} ready, {where}, "
         f"batch-invariant kernels: {exactness.signature()}{note}"
     )
 

@@ -23,7 +23,7 @@ from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.modes import DrafterMode, build_drafter, measure_pair_costs
 from specdec_cli.errors import IncompatibleModelsError
 from specdec_cli.models.compat import check_compatible
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.structured import Structure
 
 MODELS = Path.home() / ".cache" / "specdec" / "models"

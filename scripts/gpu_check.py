@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from specdec_cli.models.llama_backend import LlamaBackend, system_info
+from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.library import system_info
 
 TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
 INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)

@@ -42,8 +42,9 @@ echo "libggml-cuda exports outside ggml_*: $(nm -D --defined-only $L/libggml-cud
 export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L
 wait $models; tail -3 $W/models.log
 python3 -c "
-from specdec_cli.models import llama_backend as b
-m = b.LlamaBackend('$W/m/qwen2.5-0.5b.gguf', n_ctx=256, n_gpu_layers=-1, exact=True)
+from specdec_cli.llama import library as b
+from specdec_cli.llama.backend import LlamaBackend
+m = LlamaBackend('$W/m/qwen2.5-0.5b.gguf', n_ctx=256, n_gpu_layers=-1, exact=True)
 print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.signature(), 'vocab', m.n_vocab)
 " || { t "LOAD FAILED"; exit 1; }
 t check

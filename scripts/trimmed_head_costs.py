@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama.backend import LlamaBackend
 
 MODELS = Path.home() / ".cache" / "specdec" / "models"
 CONTEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12

@@ -21,7 +21,7 @@ from .decoding.modes import DrafterMode, default_draft_max
 from .decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from .decoding.sampling import SamplingSettings
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
-from .models import rpc
+from .llama import rpc
 from .network import is_loopback
 from .request import DecodeRequest, HardwareOptions
 from .structured import (
@@ -246,7 +246,7 @@ def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
 
 
 DEFAULT_TARGET = "large"
-# serve --parallel: each slot may verify up to 64 rows a pass (llama_backend's
+# serve --parallel: each slot may verify up to 64 rows a pass (llama/library.py's
 # EXACT_BATCH_ROWS), and eight of them fill llama.cpp's default 512-row batch.
 MAX_PARALLEL = 8
 
@@ -958,11 +958,11 @@ def worker(
     Clients pass --rpc HOST:PORT. One client at a time; Ctrl-C stops the worker."""
     import signal
 
-    from .models import llama_backend, rpc_devices
+    from .llama import devices, library
 
     with user_errors():
         rpc.check_listen_address(host, port)
-        llama_backend.set_verbose(verbose)
+        library.set_verbose(verbose)
         if not is_loopback(host):
             render.stderr_console().print(
                 f"[bold yellow]warning:[/bold yellow] listening on {host}:{port}. llama.cpp's RPC "
@@ -972,8 +972,8 @@ def worker(
                 soft_wrap=True,
             )
         render.stderr_console().print(
-            f"specdec worker on {host}:{port}: {', '.join(rpc_devices.worker_device_names())}, "
-            f"batch-invariant kernels up to {llama_backend.EXACT_BATCH_ROWS} rows (exact clients "
+            f"specdec worker on {host}:{port}: {', '.join(devices.worker_device_names())}, "
+            f"batch-invariant kernels up to {library.EXACT_BATCH_ROWS} rows (exact clients "
             "stay exact). Ctrl-C stops it.",
             soft_wrap=True,
         )
@@ -981,7 +981,7 @@ def worker(
             tensor_cache.mkdir(parents=True, exist_ok=True)
         # llama.cpp's server loop never returns to Python: let the signals stop the process
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        rpc_devices.serve_worker(host, port, threads, tensor_cache)
+        devices.serve_worker(host, port, threads, tensor_cache)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ class HardwareOptions:
     rpc: tuple[str, ...] = ()  # workers holding the target's layers (llama.cpp's RPC backend)
     tensor_split: tuple[float, ...] = ()  # each worker's share of them
     # Every decode on one thread of its own (serve: its slots' threads, and a probe at start,
-    # would each get a team of llama.cpp's OpenMP threads; see llama_backend._DecodeThread).
+    # would each get a team of llama.cpp's OpenMP threads; see llama/library._DecodeThread).
     one_decode_thread: bool = False
 
     def placement(self) -> str:

@@ -80,9 +80,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 @pytest.fixture(params=["aligned", "invariant"])
 def exact_prompts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Exact prompts decoded both ways, whichever this machine chooses
-    (llama_backend.invariant_prompts): in aligned chunks with llama.cpp's kernels, and with
+    (library.invariant_prompts): in aligned chunks with llama.cpp's kernels, and with
     the batch-invariant kernels. Both are exact on any CPU; they differ in cost."""
-    from specdec_cli.models import llama_backend
+    from specdec_cli.llama import library
 
-    monkeypatch.setattr(llama_backend, "_invariant_prompts", request.param == "invariant")
+    monkeypatch.setattr(library, "_invariant_prompts", request.param == "invariant")
     return request.param

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from specdec_cli.errors import ModelFileError
-from specdec_cli.models import llama_backend
-from specdec_cli.models.exactness import Exactness
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama import library
+from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.exactness import Exactness
 
 CPU, GPU = 0, 1  # enum ggml_backend_dev_type
 
@@ -67,16 +67,16 @@ def test_a_cuda_build_without_its_switch_is_incomplete():
 
 
 def test_this_build_has_the_cpu_switch():
-    assert llama_backend._exactness.on_cpu
-    assert "CPU" in llama_backend._exactness.signature().split("+")
-    assert llama_backend.has_invariant_kernels()
-    assert "invariant-backends=" in llama_backend.kernel_signature(True)
+    assert library._exactness.on_cpu
+    assert "CPU" in library._exactness.signature().split("+")
+    assert library.has_invariant_kernels()
+    assert "invariant-backends=" in library.kernel_signature(True)
 
 
 @pytest.fixture
 def metal_machine(monkeypatch):
     build = FakeBuild([("CPU", CPU), ("Metal", GPU)], {CPU_SWITCH})
-    monkeypatch.setattr(llama_backend, "_exactness", Exactness(build.lookup))
+    monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
 
 
 def test_exact_mode_refuses_layers_on_a_gpu_without_invariant_kernels(tiny_models, metal_machine):
@@ -95,6 +95,6 @@ def test_exact_mode_keeps_a_cpu_only_model_on_such_a_machine(tiny_models, metal_
 
 def test_a_build_missing_a_backends_switch_is_refused(tiny_models, monkeypatch):
     build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH})
-    monkeypatch.setattr(llama_backend, "_exactness", Exactness(build.lookup))
+    monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
     with pytest.raises(ModelFileError, match=r"no batch-invariant kernels \(CUDA\)"):
         LlamaBackend(tiny_models.target, n_ctx=64, exact=True)

@@ -19,7 +19,7 @@ from specdec_cli.commands.chat import (
 from specdec_cli.decoding.backend import encode_chat, encode_template_text
 from specdec_cli.decoding.engine import Finished, GenerationSettings, Piece
 from specdec_cli.errors import BadUsageError, ContextOverflowError, ModelFileError
-from specdec_cli.models import llama_backend
+from specdec_cli.llama import library
 from specdec_cli.models.loading import load_pair
 from specdec_cli.request import HardwareOptions
 
@@ -93,7 +93,7 @@ def run_turn(session: ChatSession, text: str) -> Finished:
 def test_the_second_turn_decodes_only_what_the_cache_cannot_give(
     tiny_models, monkeypatch, exact, exact_prompts
 ):
-    monkeypatch.setattr(llama_backend, "PROMPT_CHUNK", 16)
+    monkeypatch.setattr(library, "PROMPT_CHUNK", 16)
     draft = tiny_models.close_drafter
     hardware = HardwareOptions(ctx_size=4096, threads=1, exact=exact)
     session = ChatSession(

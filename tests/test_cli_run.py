@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
-from specdec_cli.models.llama_backend import EXACT_BATCH_ROWS
+from specdec_cli.llama.library import EXACT_BATCH_ROWS
 from specdec_cli.paths import cache_dir
 
 runner = CliRunner()

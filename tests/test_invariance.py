@@ -18,8 +18,8 @@ from specdec_cli.build_flags import cpu_flags, rowwise_isa
 from specdec_cli.cli import app
 from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.errors import ModelFileError
-from specdec_cli.models import llama_backend
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama import library
+from specdec_cli.llama.backend import LlamaBackend
 
 LARGEST_BATCH = ADAPTIVE_DRAFT_LIMIT + 1  # a full draft and the target's own token
 CONTEXT = "the cat sat on the mat and then it went away " * 3
@@ -98,7 +98,7 @@ def test_a_batch_dependence_of_one_ulp_is_seen_at_every_batch_size(tiny_models, 
 
 # --- K-quant weights: specdec's row-wise kernels (native/rowwise/, patch 0002) ----------------
 
-EXACT_BATCH_ROWS = llama_backend.EXACT_BATCH_ROWS  # every batch size exact mode may decode
+EXACT_BATCH_ROWS = library.EXACT_BATCH_ROWS  # every batch size exact mode may decode
 LONG_CONTINUATION = CONTINUATION * 2
 
 
@@ -113,7 +113,7 @@ def _this_cpu_flags() -> set[str]:
 def test_this_build_has_the_rowwise_kernels_for_this_cpu():
     # on x86 with AVX-512 VNNI or AVX2 (this project's machines) the K-quant tests below run
     # them; elsewhere exact mode keeps llama.cpp's one-row kernels, still invariant
-    assert llama_backend.rowwise_kernels() == rowwise_isa(_this_cpu_flags())
+    assert library.rowwise_kernels() == rowwise_isa(_this_cpu_flags())
 
 
 # the quantised tiny targets: every weight type specdec has row-wise kernels for
@@ -144,7 +144,7 @@ def test_quantised_exact_logits_agree_with_llama_cpps_kernels(tiny_models, targe
     # side decodes one token at a time: its batched Q5_K kernels part from its own one-token
     # ones by up to 1.4% of the logits' range on this model (seen on an AVX-512 CPU). Both
     # read the context as llama.cpp's kernels compute it (not the invariant prompt kernels).
-    monkeypatch.setattr(llama_backend, "_invariant_prompts", False)
+    monkeypatch.setattr(library, "_invariant_prompts", False)
     exact = LlamaBackend(getattr(tiny_models, target), n_ctx=256, n_threads=2, exact=True)
     fast = LlamaBackend(getattr(tiny_models, target), n_ctx=256, n_threads=2, exact=False)
     try:
@@ -183,7 +183,7 @@ def test_exact_and_fast_backends_share_one_process(tiny_models):
 
 
 def test_exact_mode_refuses_a_build_without_the_patch(tiny_models, monkeypatch):
-    monkeypatch.setattr(llama_backend._exactness, "_switches", {})
+    monkeypatch.setattr(library._exactness, "_switches", {})
     with pytest.raises(ModelFileError, match="batch-invariant"):
         LlamaBackend(tiny_models.target, n_ctx=64, exact=True)
 
@@ -214,7 +214,7 @@ def test_an_exact_backend_decodes_prompts_with_the_kernels_this_machine_chose(
 ):
     # Generated tokens need invariance. A prompt keeps llama.cpp's batched kernels (and
     # their speed), cut at fixed positions; or, where the invariant ones cost no more
-    # (llama_backend.invariant_prompts), takes those, as generated tokens do.
+    # (library.invariant_prompts), takes those, as generated tokens do.
     exact = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=2, exact=True)
     fast = LlamaBackend(tiny_models.target, n_ctx=256, n_threads=2, exact=False)
     try:

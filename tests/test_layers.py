@@ -13,9 +13,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specdec_cli"
 # loader, so it sits below both and above the engine whose settings it builds; the other
 # modules at the package's top level but cli and render* are small shared pieces at the
 # bottom (errors, paths, json_cache ...).
-LAYERS = ["edges", "adapters", "commands", "models", "request", "decoding", "shared"]
+LAYERS = ["edges", "adapters", "commands", "models", "llama", "request", "decoding", "shared"]
 FOLDERS = {"bench": "adapters", "serve": "adapters", "commands": "commands"}
-FOLDERS |= {"models": "models", "decoding": "decoding", "request": "request"}
+FOLDERS |= {"models": "models", "llama": "llama", "decoding": "decoding", "request": "request"}
 EDGES = {"cli", "render", "render_fetch", "__main__"}
 # Known and not yet removed: run, chat, serve and bench print through render.py's
 # console helpers (the next step of issue 27's review moves what they share below them).

@@ -14,9 +14,9 @@ from specdec_cli.errors import (
     IncompatibleModelsError,
     ModelFileError,
 )
+from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.batches import chunk_bounds, decode_failure
 from specdec_cli.models.compat import check_compatible
-from specdec_cli.models.llama_backend import LlamaBackend
-from specdec_cli.models.llama_batches import chunk_bounds, decode_failure
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
-from specdec_cli.models import rpc
+from specdec_cli.llama import rpc
 from specdec_cli.models.loading import load_pair
 from specdec_cli.request import HardwareOptions
 from specdec_cli.serve import model_thread
@@ -145,9 +145,7 @@ def drafting_thread(tiny_models, history_tokens: int) -> ModelThread:
     # Verification priced as free: every match worth drafting is drafted.
     costs = CostModel({1: 1.0, 64: 1.0}, 0.0, learn=False)
     drafter = build_drafter("ngram", pair.target, None, costs)
-    models = ModelThread(
-        [Slot(pair, drafter, None)], max_queue=4, history_tokens=history_tokens
-    )
+    models = ModelThread([Slot(pair, drafter, None)], max_queue=4, history_tokens=history_tokens)
     models.start()
     return models
 

@@ -21,7 +21,7 @@ from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.sampling import SamplingSettings
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama.backend import LlamaBackend
 
 PROMPTS = [
     "the cat sat on the mat and the cat sat on the",

@@ -13,8 +13,8 @@ from specdec_cli.cli import app
 from specdec_cli.commands import prompt_cache
 from specdec_cli.commands.prompt_cache import PromptCache
 from specdec_cli.decoding.backend import common_prefix_length, logits_for_suffix
-from specdec_cli.models import llama_backend
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama import library
+from specdec_cli.llama.backend import LlamaBackend
 
 CHUNK = 16  # small chunks, so short prompts hold several
 SHARED = "the cat sat on the mat and then it went away the dog ran over the hill " * 3
@@ -23,7 +23,7 @@ FIRST, SECOND = SHARED + "what did the cat do", SHARED + "where did the dog run"
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(llama_backend, "PROMPT_CHUNK", CHUNK)
+    monkeypatch.setattr(library, "PROMPT_CHUNK", CHUNK)
     monkeypatch.setattr(prompt_cache, "MIN_REUSE", CHUNK)
 
 

@@ -2,9 +2,9 @@
 
 A prompt's keys and logits depend on how it is cut into decodes; serve and chat keep the KV
 cache of a common prefix, so without care the same request could be answered differently
-after another one. Exact mode cuts every prompt at fixed positions (llama_backend's
+after another one. Exact mode cuts every prompt at fixed positions (llama/library.py's
 PROMPT_CHUNK) and keeps only cached chunks cut that way; or, where the invariant kernels are
-as cheap for prompts (llama_backend.invariant_prompts), decodes prompts with them too and
+as cheap for prompts (library.invariant_prompts), decodes prompts with them too and
 keeps every cached token. Both ways are tested (the exact_prompts fixture). Each test
 brings a backend into some cached state, then decodes the prompt, and compares the last
 row's logits with a fresh backend's bit for bit; the default kernels, which reuse any cached
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from specdec_cli.decoding.backend import logits_for_suffix
-from specdec_cli.models import llama_backend
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama import library
+from specdec_cli.llama.backend import LlamaBackend
 
 TEXT = "the cat sat on the mat and then it went away the dog ran over the hill " * 3
 CHUNK = 16  # small chunks, so short prompts cross several
@@ -26,7 +26,7 @@ CHUNK = 16  # small chunks, so short prompts cross several
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(llama_backend, "PROMPT_CHUNK", CHUNK)
+    monkeypatch.setattr(library, "PROMPT_CHUNK", CHUNK)
 
 
 def cached_states(prompt: list[int]) -> dict[str, list[tuple[list[int], bool]]]:

@@ -23,7 +23,7 @@ from specdec_cli.commands.prompting import prompt_tokens
 from specdec_cli.decoding.backend import logits_for_suffix
 from specdec_cli.decoding.drafters import ModelDrafter
 from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.models.loading import load_pair
 from specdec_cli.models.resolve import resolve_model
 from specdec_cli.request import HardwareOptions

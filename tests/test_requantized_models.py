@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from specdec_cli.errors import FetchError, ModelFileError
-from specdec_cli.models import llama_backend
+from specdec_cli.llama import library, model_file
 from specdec_cli.models.fetch import fetch_entry
 from specdec_cli.models.fetch_progress import SilentProgress
 from specdec_cli.models.model_status import model_statuses
@@ -70,21 +70,19 @@ def test_offline_the_copy_is_made_from_a_published_file_on_disk(registry_file, t
     assert fetch_entry(entry, offline=True) == joined_path(entry)
 
 
-def test_a_failed_requantisation_leaves_nothing_that_passes_as_the_copy(
-    registry_file, monkeypatch
-):
+def test_a_failed_requantisation_leaves_nothing_that_passes_as_the_copy(registry_file, monkeypatch):
     entry = load_registry(registry_file).lookup("copy")
-    failing = llama_backend.llama_cpp.llama_model_quantize
-    monkeypatch.setattr(llama_backend.llama_cpp, "llama_model_quantize", lambda *args: 1)
+    failing = library.llama_cpp.llama_model_quantize
+    monkeypatch.setattr(library.llama_cpp, "llama_model_quantize", lambda *args: 1)
     with pytest.raises(ModelFileError, match="could not requantise"):
         fetch_entry(entry)
     assert list(joined_path(entry).parent.iterdir()) == []
-    monkeypatch.setattr(llama_backend.llama_cpp, "llama_model_quantize", failing)
+    monkeypatch.setattr(library.llama_cpp, "llama_model_quantize", failing)
     assert fetch_entry(entry).is_file()
 
 
 def test_the_registry_names_the_types_the_quantiser_is_given():
-    assert set(REQUANT_QUANTS) == set(llama_backend.QUANT_TYPES)
+    assert set(REQUANT_QUANTS) == set(model_file.QUANT_TYPES)
 
 
 def test_the_models_list_sizes_a_copy_by_its_file_once_made(registry_file):

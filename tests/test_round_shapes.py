@@ -1,4 +1,4 @@
-"""How a round of several sequences' rows is laid out (llama_batches.round_widths) and how
+"""How a round of several sequences' rows is laid out (llama/batches.round_widths) and how
 llama.cpp cuts it into graph computes (equal_split_sizes, its split_equal). Pure."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cli.models.llama_batches import equal_split_sizes, round_widths
+from specdec_cli.llama.batches import equal_split_sizes, round_widths
 
 # The Zen 5's exact table, in milliseconds (test_adaptive.ZEN5).
 ZEN5 = {1: 31.9, 2: 30.0, 4: 41.7, 8: 70.1, 16: 151.0, 32: 285.0, 64: 521.0}

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from specdec_cli.models.rounds import Part, Rounds
+from specdec_cli.llama.rounds import Part, Rounds
 
 
 class FakePass:

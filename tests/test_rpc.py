@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from specdec_cli.errors import BadUsageError
-from specdec_cli.models import rpc
+from specdec_cli.llama import rpc
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -275,9 +275,9 @@ def test_speculative_over_rpc_is_the_rpc_target_alones_answer(tiny_models, two_w
 
 INVARIANCE_OVER_WORKERS = """
 import json, sys
-from specdec_cli.models.llama_backend import LlamaBackend
+from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.models.loading import ALL_LAYERS
-from specdec_cli.models.rpc_devices import WORKERS
+from specdec_cli.llama.devices import WORKERS
 from test_invariance import batch_sizes_that_differ
 model, workers, mode = sys.argv[1:]
 backend = LlamaBackend(model, n_ctx=256, exact=mode == "exact", n_gpu_layers=ALL_LAYERS,

@@ -15,7 +15,8 @@ from test_invariance import assert_batch_invariant
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.models.llama_backend import EXACT_BATCH_ROWS, requantize
+from specdec_cli.llama.library import EXACT_BATCH_ROWS
+from specdec_cli.llama.model_file import requantize
 from specdec_cli.models.resolve import resolve_model
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.commands.lifecycle import Slot
 from specdec_cli.decoding.engine import Generation, GenerationSettings
-from specdec_cli.models.llama_backend import PROMPT_CHUNK, LlamaBackend
+from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.library import PROMPT_CHUNK
 from specdec_cli.models.loading import ModelPair
 from specdec_cli.serve import model_thread
 from specdec_cli.serve.model_thread import Failed, Failure, Job, ModelThread, TextPrompt

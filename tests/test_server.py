@@ -18,7 +18,7 @@ from serve_process import ServerProcess, run_json, wait_for_health
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.models.llama_backend import PROMPT_CHUNK
+from specdec_cli.llama.library import PROMPT_CHUNK
 
 KEY = "test-key"
 SECOND_KEY = "another-client"  # a second --api-key: its own history, its own caches
@@ -183,14 +183,21 @@ BAD_REQUESTS = {
     "tools": ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     "a prediction of the wrong type": ({**GOOD, "prediction": {"type": "x"}}, 400, None),
     "a schema keyword that would be ignored": (
-        {**GOOD, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "integer", "minimum": 0}}}},
+        {
+            **GOOD,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 0}},
+            },
+        },
         400,
         "response_format.json_schema.schema",
     ),
     "a grammar llama.cpp cannot parse": ({**GOOD, "grammar": "root ::= ("}, 400, None),
     "two constraints at once": (
-        {**GOOD, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, 400, None
+        {**GOOD, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
+        400,
+        None,
     ),
     "a 100 kB prompt": (
         {"messages": [{"role": "user", "content": "0123456789" * 10_000}]},

@@ -62,7 +62,7 @@ print(f"alone refs (n_seq_max=1) done in {time.time() - t0:.1f}s", flush=True)
 if args.backend:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import numpy as np
-    from specdec_cli.models.llama_backend import LlamaBackend
+    from specdec_cli.llama.backend import LlamaBackend
 
     be = LlamaBackend(args.model, n_ctx=N_CTX_SEQ, exact=True, n_threads=2)
     rec = []

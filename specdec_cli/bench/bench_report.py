@@ -475,20 +475,20 @@ def timestamp() -> str:
 
 
 def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
-    from ..models import llama_backend  # loaded already by the time a bench runs
+    from ..llama import library  # loaded already by the time a bench runs
 
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "threads": hardware.threads or llama_backend.default_threads(),
+        "threads": hardware.threads or library.default_threads(),
         "memory_bytes": _memory_bytes(),
         "load_average": _load_average(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "llama_cpp_python": llama_backend.library_version(),
-        "llama_cpp_system_info": llama_backend.system_info(),
-        "rowwise_kernels": llama_backend.rowwise_kernels(),
-        "gpu_offload_supported": llama_backend.supports_gpu_offload(),
+        "llama_cpp_python": library.library_version(),
+        "llama_cpp_system_info": library.system_info(),
+        "rowwise_kernels": library.rowwise_kernels(),
+        "gpu_offload_supported": library.supports_gpu_offload(),
         "gpu_layers": hardware.gpu_layers,
         "draft_gpu_layers": hardware.draft_gpu_layers,
         "rpc": list(hardware.rpc),  # the target's layers on these workers

@@ -97,7 +97,7 @@ def _cached_costs(entry: object) -> CostModel | None:
 
 def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = None) -> str | None:
     """What decode costs depend on: both model files (path, size, time), threads, GPU layers
-    and the kernels (exact or fast, and which build: llama_backend.kernel_signature)."""
+    and the kernels (exact or fast, and which build: library.kernel_signature)."""
     parts = []
     for backend in (pair.target, pair.drafter):
         if backend is None:
@@ -108,8 +108,8 @@ def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = 
             stat = backend.path.stat()
             parts.append(f"{backend.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
     if kernels is None:
-        from ..models import llama_backend
+        from ..llama import library
 
-        kernels = llama_backend.kernel_signature(hardware.exact)
+        kernels = library.kernel_signature(hardware.exact)
     parts.append(f"{hardware.placement()}:exact={hardware.exact}:{kernels}")
     return "|".join(parts)

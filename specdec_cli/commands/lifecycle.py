@@ -13,8 +13,8 @@ from ..decoding.costs import CostModel, shared_pass_costs
 from ..decoding.drafters import Drafter
 from ..decoding.modes import DrafterMode, build_drafter, costs_of
 from ..errors import SpecdecError
+from ..llama.rounds import Rounds, SharedContexts
 from ..models.loading import ModelLoader, ModelPair, fit_context, load_models, load_with_llama_cpp
-from ..models.rounds import Rounds, SharedContexts
 from ..request import DecodeRequest
 from .cost_cache import remember_costs
 from .drafting import drafter_for

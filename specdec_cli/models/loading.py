@@ -60,28 +60,28 @@ class ModelLoader(Protocol):
 def load_with_llama_cpp(
     path: Path, *, drafter: bool, n_ctx: int, hardware: HardwareOptions
 ) -> Backend:
-    from . import llama_backend, rpc_devices  # imported late: loading llama.cpp takes a moment
+    from ..llama import backend, devices, library  # imported late: loading llama.cpp takes a moment
 
-    llama_backend.set_verbose(hardware.verbose)
+    library.set_verbose(hardware.verbose)
     if hardware.one_decode_thread:
-        llama_backend.decode_on_one_thread()
+        library.decode_on_one_thread()
     if drafter:
-        return llama_backend.LlamaBackend(
+        return backend.LlamaBackend(
             path,
             n_ctx=n_ctx,
             n_threads=hardware.threads,
             n_gpu_layers=hardware.draft_gpu_layers,
             # beside a target on workers, this machine's devices: a drafter's passes cost
             # no round trips
-            devices=rpc_devices.local_devices() if hardware.rpc else None,
+            devices=devices.local_devices() if hardware.rpc else None,
         )
-    return llama_backend.LlamaBackend(
+    return backend.LlamaBackend(
         path,
         n_ctx=n_ctx,
         n_threads=hardware.threads,
         n_gpu_layers=hardware.gpu_layers or (ALL_LAYERS if hardware.rpc else 0),
         exact=hardware.exact,
-        devices=rpc_devices.WORKERS.devices(hardware.rpc) if hardware.rpc else None,
+        devices=devices.WORKERS.devices(hardware.rpc) if hardware.rpc else None,
         tensor_split=hardware.tensor_split,
     )
 

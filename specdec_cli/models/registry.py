@@ -59,7 +59,7 @@ class PathSource:
     path: Path
 
 
-# Types a `requantize` source may name (llama_backend.QUANT_TYPES maps them to llama.cpp's).
+# Types a `requantize` source may name (llama/model_file.QUANT_TYPES maps them to llama.cpp's).
 REQUANT_QUANTS = ("q4_0", "q8_0")
 
 

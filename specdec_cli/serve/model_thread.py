@@ -35,7 +35,7 @@ from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
 from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
-from ..models import rpc
+from ..llama import rpc
 from ..models.loading import ModelPair
 from ..structured import StructureError
 from .serve_protocol import Answer

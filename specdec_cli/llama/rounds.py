@@ -8,7 +8,7 @@ decoded alone to stay exact, and the drafters' steps) takes a turn of its own: o
 time, so the two cores are never asked to run two decodes at once, and never ahead of a
 round that is ready.
 
-Pure threading, no llama.cpp: the round's decode is the function given (llama_backend).
+Pure threading, no llama.cpp: the round's decode is the function given (sequences.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class RoundStats:
     parts: int = 0  # requests' parts in them (parts / rounds: how many shared a pass)
     turns: int = 0  # decodes outside the rounds (prompt chunks, drafters)
     largest: int = 0  # the most requests in one round
-    padding: int = 0  # rows decoded only to shape rounds (llama_backend._decode_round)
+    padding: int = 0  # rows decoded only to shape rounds (SequencesMixin._decode_round)
     round_seconds: float = 0.0  # decoding rounds
     turn_seconds: float = 0.0  # decoding turns
     drafter_rounds: int = 0  # rounds of the drafters' steps (the second pool)
@@ -242,7 +242,7 @@ class SequenceView(Backend, Protocol):
 
 @runtime_checkable
 class SharedContexts(Protocol):
-    """A backend whose context can hold several requests' sequences (llama_backend)."""
+    """A backend whose context can hold several requests' sequences (LlamaBackend)."""
 
     def split(
         self,

@@ -1,5 +1,5 @@
 """ggml's devices and llama.cpp's RPC backend: the target's layers on workers (`specdec
-worker`), and the worker itself. Called through ctypes, in the library llama_backend loaded
+worker`), and the worker itself. Called through ctypes, in the library llama/library.py loaded
 (the one module that imports llama_cpp looks each function up)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import ModelFileError
 from . import rpc
-from .llama_backend import (
+from .library import (
     CPU_TYPE,
     GPU_TYPES,
     default_threads,
