@@ -103,7 +103,7 @@ CtxOpt = Annotated[
         "-c",
         min=64,
         help="Context size in tokens (default: what the prompt and answer need, at least 1024, "
-        "at most the model's trained length; 4096 for chat).",
+        "at most the model's trained length; 4096 for chat, 8192 for serve).",
     ),
 ]
 GpuLayersOpt = Annotated[
@@ -726,6 +726,24 @@ def serve(
             "clients: each key's requests draft only from that key's history.",
         ),
     ] = None,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-origin",
+            envvar="SPECDEC_ALLOWED_ORIGINS",
+            help="A web page origin (scheme://host:port) that may call the API, with CORS; '*' "
+            "for any. Repeatable. Without it, requests that carry an Origin are refused.",
+        ),
+    ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            envvar="SPECDEC_ALLOWED_HOSTS",
+            help="A Host name a loopback server answers besides localhost and 127.0.0.1 "
+            "(behind a proxy). Repeatable.",
+        ),
+    ] = None,
     max_queue: Annotated[
         int,
         typer.Option("--max-queue", min=1, help="Requests that may wait; more get a 503."),
@@ -800,7 +818,15 @@ def serve(
         )
         decode = shared.request(target_path, draft_path, mode, hardware)
         options = ServeOptions(
-            host, port, keys(api_key), max_queue, json_log, history_tokens, parallel
+            host,
+            port,
+            keys(api_key),
+            max_queue,
+            json_log,
+            history_tokens,
+            parallel,
+            allowed_hosts=tuple(allow_host or ()),
+            allowed_origins=tuple(allow_origin or ()),
         )
         aliases = (target or DEFAULT_TARGET,)
         code = run_server(ServeRequest(decode, options, aliases))

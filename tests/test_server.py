@@ -50,6 +50,8 @@ def http(server, method: str, path: str, *, key: str | None = KEY, **kwargs) -> 
     headers = kwargs.pop("headers", {})
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
+    if "content" in kwargs:  # raw bodies are still sent as JSON, as a client library sends them
+        headers.setdefault("Content-Type", "application/json")
     return httpx.request(method, server.url + path, headers=headers, timeout=60, **kwargs)
 
 
@@ -263,6 +265,25 @@ def test_a_missing_or_wrong_api_key_is_401(server, reference, authorization):
         assert_error_shape(response, 401)
         assert response.json()["error"]["code"] == "invalid_api_key"
     assert http(server, "GET", "/health", key=None).json()["status"] == "ok"
+    assert_still_answers(server, reference)
+
+
+def test_a_cross_origin_page_cannot_make_it_generate(server, reference):
+    # What a browser sends for a page's "simple" POST (no preflight), and after DNS rebinding
+    # (a name of the page's that now resolves to 127.0.0.1): refused before any generation.
+    received = http(server, "GET", "/health").json()["received"]
+    body = json.dumps({"prompt": "x", "max_tokens": 4})
+    page = {"Origin": "https://attacker.example", "Content-Type": "text/plain"}
+    error = assert_error_shape(
+        http(server, "POST", "/v1/completions", content=body, headers=page), 403
+    )
+    assert error["code"] == "origin_not_allowed"
+    port = server.url.rsplit(":", 1)[1]
+    rebound = {"Host": f"attacker.example:{port}"}
+    assert_error_shape(http(server, "POST", "/v1/completions", content=body, headers=rebound), 403)
+    as_text = {"Content-Type": "text/plain"}
+    assert_error_shape(http(server, "POST", "/v1/completions", content=body, headers=as_text), 415)
+    assert http(server, "GET", "/health").json()["received"] == received
     assert_still_answers(server, reference)
 
 

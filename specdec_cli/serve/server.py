@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from rich.console import Console
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from .. import render
 from ..commands.lifecycle import Slot, loaded_pair
@@ -33,6 +34,7 @@ from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..network import is_loopback
 from ..request import DecodeRequest
 from . import render_serve
+from .guard import Guard, GuardMiddleware
 from .model_thread import (
     ChatPrompt,
     Failed,
@@ -73,6 +75,11 @@ class ServeOptions:
     # Earlier prompts and answers kept in memory to draft from (0: none); see README.
     history_tokens: int = DEFAULT_HISTORY_TOKENS
     parallel: int = 1  # requests answered side by side, their rows sharing each pass
+    allowed_hosts: tuple[str, ...] = ()  # Host names a loopback server answers besides its own
+    allowed_origins: tuple[str, ...] = ()  # web pages that may call it ("*": any); guard.py
+
+    def guard(self) -> Guard:
+        return Guard.for_bind(is_loopback(self.host), self.allowed_hosts, self.allowed_origins)
 
 
 @dataclass(frozen=True)
@@ -188,8 +195,10 @@ class ServerState:
         task.add_done_callback(self._draining.discard)
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, guard: Guard | None = None) -> FastAPI:
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
+    if guard is not None:
+        app.add_middleware(GuardMiddleware, guard=guard, refused=_refusal_logger(state))
 
     async def chat_completions(request: Request) -> Response:
         return await _complete(
@@ -241,7 +250,7 @@ def create_app(state: ServerState) -> FastAPI:
             message = f"Invalid method for URL ({request.method} {request.url.path})"
         else:
             message = str(exc.detail)
-        error = ApiError(exc.status_code, message)
+        error = ApiError(exc.status_code, message, headers=dict(exc.headers or {}))  # 405: Allow
         record = RequestRecord(request.method, request.url.path, time.perf_counter())
         return _failed(state, record, error)
 
@@ -251,6 +260,15 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(error.body(), status_code=500)
 
     return app
+
+
+def _refusal_logger(state: ServerState) -> Callable[[Scope, ApiError], None]:
+    def refused(scope: Scope, error: ApiError) -> None:
+        record = RequestRecord(scope["method"], scope["path"], time.perf_counter())
+        record.status, record.error = error.status, error.message
+        state.log.write(record)
+
+    return refused
 
 
 def _card(state: ServerState) -> dict:
@@ -559,7 +577,7 @@ def _run_server(
         speaks_tools=template_speaks_tools(pair.target.chat_template()),
     )
     config = uvicorn.Config(
-        create_app(state),
+        create_app(state, options.guard()),
         log_level="warning",
         access_log=False,
         lifespan="off",
