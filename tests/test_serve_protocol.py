@@ -61,8 +61,10 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": ["x"] * 5}, "stop"),  # OpenAI takes at most four
         ({"temperature": float("inf")}, "temperature"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"service_tier": "flex"}, "service_tier"),
     ],
 )
 def test_fields_that_would_be_ignored_are_refused(fields, param):
@@ -164,3 +166,34 @@ def test_the_text_log_line():
     ):
         assert part in line
     assert "\n" not in line
+
+
+def test_neutral_bookkeeping_values_are_accepted():
+    chat(stop=["a", "b", "c", "d"], service_tier="auto")
+    chat(service_tier="default")
+
+
+def test_content_the_model_cannot_take_in_is_named():
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    error = refused(messages=[image])
+    assert error.param == "messages.0.content"
+    assert "'image_url' content is not supported" in error.message
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3]]], ids=["tokens", "token lists"])
+def test_a_prompt_of_token_ids_is_refused_in_one_line(prompt):
+    with pytest.raises(ApiError) as error:
+        parse_request(json.dumps({"prompt": prompt}).encode(), CompletionRequest)
+    assert error.value.param == "prompt"
+    assert error.value.message == "prompt as token ids is not supported: send text."
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_token_limit_the_context_cannot_hold_is_refused(field):
+    state = ServerState(None, decode_request(), log=None, context_tokens=8192)
+    state.settings_for(chat(**{field: 8191}))
+    with pytest.raises(ApiError) as error:
+        state.settings_for(chat(**{field: 100_000}))
+    assert error.value.status == 400 and error.value.param == field
+    assert error.value.code == "invalid_value"
+    assert "100000" in error.value.message and "8192" in error.value.message

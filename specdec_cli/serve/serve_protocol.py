@@ -27,7 +27,7 @@ from ..commands import tool_calls
 from ..decoding.engine import Finished, GenerationStats
 from ..structured import Structure, StructureError
 
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_SEED = 2**63 - 1
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ class _Sampling(_Strict):
     # Clients send these for bookkeeping; they change nothing in the answer.
     metadata: dict[str, str] | None = None
     store: bool | None = None
-    service_tier: str | None = None
+    service_tier: str | None = None  # a processing tier: one model thread has only one
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -244,6 +244,11 @@ class _Sampling(_Strict):
                 raise bad_request(f"{param}={value!r}: {why}.", param)
         if self.logit_bias:
             raise bad_request("logit_bias is not supported.", "logit_bias")
+        if self.service_tier not in (None, "auto", "default"):
+            raise bad_request(
+                f"service_tier={self.service_tier!r}: this server has one tier ('default').",
+                "service_tier",
+            )
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed with stream: true.", "stream_options")
         self.stop_strings()
@@ -317,6 +322,12 @@ class ChatCompletionRequest(_Sampling):
         super().check_supported()
         if self.logprobs or self.top_logprobs:
             raise bad_request("logprobs are not supported.", "logprobs")
+        if self.reasoning_effort is not None:
+            raise bad_request(
+                "reasoning_effort is not supported: this server's model does not reason "
+                "before answering.",
+                "reasoning_effort",
+            )
         for i, message in enumerate(self.messages):
             if message.content is None and message.role != "assistant":
                 raise bad_request(f"messages[{i}].content is required.", f"messages.{i}.content")
@@ -369,7 +380,7 @@ def _arguments(text: str, message: int, call: int) -> dict:
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # OpenAI's four forms
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -381,9 +392,15 @@ class CompletionRequest(_Sampling):
     def prompt_text(self) -> str:
         if isinstance(self.prompt, str):
             return self.prompt
+        if any(not isinstance(part, str) for part in self.prompt):
+            raise bad_request("prompt as token ids is not supported: send text.", "prompt")
         if len(self.prompt) != 1:
-            raise bad_request("prompt: send one string (batches are not supported).", "prompt")
-        return self.prompt[0]
+            raise bad_request(
+                f"prompt: {len(self.prompt)} prompts in one request are not supported: send "
+                "one string per request.",
+                "prompt",
+            )
+        return str(self.prompt[0])
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -415,6 +432,13 @@ def _validation_error(error: ValidationError) -> ApiError:
     problems = error.errors(include_url=False)
     if any(p["type"] == "json_invalid" for p in problems):
         return bad_request("We could not parse the JSON body of your request: invalid JSON.")
+    for part in problems:  # a content part of a kind the model cannot take in
+        kind = part["input"] if part["type"] == "literal_error" else None
+        if part["loc"][-1:] == ("type",) and "content" in part["loc"] and kind != "text":
+            where = ".".join(str(p) for p in part["loc"][:-2] if not _is_union_label(p))
+            return bad_request(
+                f"{kind!r} content is not supported (images, audio, files): send text.", where
+            )
     # A union reports one error per branch; the one that got furthest is the useful one.
     problem = max(problems, key=lambda p: len(p["loc"]))
     loc = [str(part) for part in problem["loc"] if not _is_union_label(part)]

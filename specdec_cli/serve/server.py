@@ -101,6 +101,7 @@ class ServerState:
         api_keys: tuple[str, ...] = (),
         log: RequestLog,
         speaks_tools: bool = False,  # the target's chat template renders tools
+        context_tokens: int | None = None,  # the target's context: prompt and answer
     ) -> None:
         self.model_thread = model_thread
         self.decode = decode
@@ -111,6 +112,7 @@ class ServerState:
         self.api_keys = api_keys
         self.log = log
         self.speaks_tools = speaks_tools
+        self.context_tokens = context_tokens
         self._draining: set[asyncio.Task] = set()
         self._noted_another_name = False
 
@@ -165,6 +167,7 @@ class ServerState:
     ) -> GenerationSettings:
         """The server's defaults (its command line), overridden by what the request sets."""
         given = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
+        self._check_token_limit(request)
         base = self.defaults
         return replace(
             base,
@@ -173,6 +176,21 @@ class ServerState:
             sampling=replace(base.sampling, **given),
             seed=base.seed if request.seed is None else request.seed,
             structure=request.structure(),
+        )
+
+    def _check_token_limit(self, request: ChatCompletionRequest | CompletionRequest) -> None:
+        """A limit the context could never hold is refused, as OpenAI refuses one above the
+        model's most completion tokens (a prompt that leaves too little room is not)."""
+        limit = request.token_limit()
+        if limit is None or self.context_tokens is None or limit < self.context_tokens:
+            return
+        param = "max_tokens" if limit == request.max_tokens else "max_completion_tokens"
+        raise ApiError(
+            400,
+            f"{param} is too large: {limit}. This model's context holds {self.context_tokens} "
+            "tokens, the prompt included.",
+            param=param,
+            code="invalid_value",
         )
 
     def log_when_done(self, job: Job, record: RequestRecord) -> None:
@@ -575,6 +593,7 @@ def _run_server(
         api_keys=options.api_keys,
         log=log,
         speaks_tools=template_speaks_tools(pair.target.chat_template()),
+        context_tokens=pair.target.n_ctx,
     )
     config = uvicorn.Config(
         create_app(state, options.guard()),
