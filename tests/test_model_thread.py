@@ -4,6 +4,7 @@ reaches the engine, and caches left consistent when a generation fails."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -249,3 +250,55 @@ def test_a_prompt_too_long_is_reported_with_the_field_at_fault(models):
     failed = run_job(models, TextPrompt(long_text), GenerationSettings(max_tokens=4))[-1]
     assert isinstance(failed, Failed)
     assert failed.error.failure is Failure.TOO_LONG and failed.error.param == "prompt"
+
+
+class BlockingPrompt:
+    """Wraps a target's decode: each prompt decode says it started and waits to be let go
+    (never a sleep), so a test can act while a long prompt is being read."""
+
+    def __init__(self, target) -> None:
+        self.decode = target.decode
+        self.started = threading.Event()
+        self.go = threading.Event()
+        self.steps: list[int] = []
+        target.decode = self
+
+    def __call__(self, tokens, n_logit_rows, prompt=False):
+        if prompt:
+            self.steps.append(len(tokens))
+            self.started.set()
+            assert self.go.wait(timeout=120), "the test never let the prompt go on"
+        return self.decode(tokens, n_logit_rows, prompt)
+
+
+def test_a_client_that_leaves_during_its_prompt_frees_the_slot_within_one_step(tiny_models):
+    pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=512, threads=1))
+    blocking = BlockingPrompt(pair.target)
+    models = ModelThread([Slot(pair, None, None)], max_queue=4)
+    models.start()
+    long_prompt = TextPrompt("the cat sat on the mat and then it went away " * 20)
+
+    async def leave_during_the_prompt() -> Failed:
+        loop = asyncio.get_running_loop()
+        job = Job(long_prompt, GenerationSettings(max_tokens=4), None, loop, None)
+        models.submit(job)
+        assert isinstance(await job.next(), Started)
+        await loop.run_in_executor(None, blocking.started.wait)
+        job.cancel()  # what a disconnect does
+        blocking.go.set()
+        failed = await job.next()
+        assert isinstance(failed, Failed)
+        return failed
+
+    try:
+        failed = asyncio.run(leave_during_the_prompt())
+        assert failed.error.failure is Failure.CLIENT_GONE
+        n_prompt = len(pair.target.tokenize(long_prompt.text, add_special=True))
+        assert n_prompt > 2 * model_thread.PREFILL_STEP
+        assert blocking.steps == [model_thread.PREFILL_STEP]  # one step, not the whole prompt
+        assert f"after {model_thread.PREFILL_STEP} of {n_prompt} tokens" in failed.error.message
+        messages = run_job(models, TextPrompt("the cat"), GenerationSettings(max_tokens=4))
+        assert isinstance(messages[-1], Answer)  # the slot is free for the next request
+    finally:
+        blocking.go.set()
+        models.close()

@@ -197,15 +197,17 @@ class ServerState:
         """Log a request whose client left once the model thread has stopped its job."""
 
         async def drain() -> None:
+            error = "the client closed the request"
             while True:
                 message = await job.next()
                 if isinstance(message, Answer):
                     record.stats = message.finished.stats
                     record.finish_reason = message.finished.finish_reason
                     break
-                if isinstance(message, Failed):
+                if isinstance(message, Failed):  # how far it got, where the message says
+                    error = message.error.message.rstrip(".")
                     break
-            record.status, record.error = 499, "the client closed the request"
+            record.status, record.error = 499, error
             self.log.write(record)
 
         task = asyncio.ensure_future(drain())
