@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cli.commands.tool_calls import Function, forced_call
+from specdec_cli.services.tool_calls import Function, forced_call
 from specdec_cli.decoding.backend import encode_chat
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.modes import DrafterMode, build_drafter, measure_pair_costs

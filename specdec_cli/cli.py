@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 
 from . import render
-from .commands.tool_calls import Function, chosen_functions, forced_call, read_tools
 from .decoding.engine import SamplingRule
 from .decoding.history import DEFAULT_HISTORY_TOKENS
 from .decoding.modes import DrafterMode, default_draft_max
@@ -24,6 +23,7 @@ from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .llama import rpc
 from .network import is_loopback
 from .request import DecodeRequest, HardwareOptions
+from .services.tool_calls import Function, chosen_functions, forced_call, read_tools
 from .structured import (
     Structure,
     StructureKind,
@@ -228,7 +228,7 @@ def read_prompt(argument: str | None, stdin_taken: bool = False) -> str:
 
 
 def read_predict_option(predict: str | None, prompt: str | None) -> str | None:
-    from .commands.prompting import read_prediction
+    from .services.prompting import read_prediction
 
     if predict is None:
         return None
@@ -639,7 +639,7 @@ def show_history(
     ] = False,
 ) -> None:
     """Show what a --history folder holds (or clear it)."""
-    from .commands import history_file as history
+    from .services import history_file as history
 
     with user_errors():
         if folder is None:

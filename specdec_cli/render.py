@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .commands.history_file import HistorySummary
 from .decoding.comparison import Comparison
 from .decoding.engine import FinishReason, GenerationStats, Piece, TokenKind
+from .services.history_file import HistorySummary
 
 
 def stderr_console(no_color: bool = False) -> Console:

@@ -290,9 +290,9 @@ def test_predict_with_a_missing_file_says_so(tiny_models, tmp_path):
 
 
 def test_after_a_reset_the_same_question_drafts_from_the_earlier_answer(tiny_models, tmp_path):
-    from specdec_cli.commands.history_file import HistoryFile
     from specdec_cli.decoding.costs import CostModel
     from specdec_cli.decoding.modes import build_drafter
+    from specdec_cli.services.history_file import HistoryFile
 
     pair = load_pair(tiny_models.target, None, HardwareOptions(ctx_size=1024, threads=1))
     costs = CostModel({1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.0, learn=False)

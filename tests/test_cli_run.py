@@ -53,8 +53,8 @@ def timings_pass_their_checks(monkeypatch):
     table is rightly neither cached nor written back (test_adaptive tests the checks). The
     tests that follow a table into the cache take every table as trusted instead, so they
     do not depend on what else runs (they failed while a download hashed on the other core)."""
-    from specdec_cli.commands import cost_cache
     from specdec_cli.decoding import costs
+    from specdec_cli.services import cost_cache
 
     monkeypatch.setattr(costs, "probe_problems", lambda timings: [])
     monkeypatch.setattr(cost_cache, "table_problems", lambda table: [])

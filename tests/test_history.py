@@ -11,13 +11,13 @@ from fakes import ScriptedClock, TimedBackend, sequence_model, table_cost
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.commands.history_file import HistoryFile, summarize
 from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import NO_MATCH, NgramDrafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.history import KEY_TOKENS, HistoryIndex
 from specdec_cli.decoding.modes import use_history
+from specdec_cli.services.history_file import HistoryFile, summarize
 
 KEY = [1, 2, 3, 4]  # an ending four tokens long: the shortest a lookup keys on
 

@@ -13,8 +13,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specdec_cli"
 # loader, so it sits below both and above the engine whose settings it builds; the other
 # modules at the package's top level but cli and render* are small shared pieces at the
 # bottom (errors, paths, json_cache ...).
-LAYERS = ["edges", "adapters", "commands", "models", "llama", "request", "decoding", "shared"]
+LAYERS = ["edges", "adapters", "commands", "services", "models", "llama", "request", "decoding"]
+LAYERS += ["shared"]
 FOLDERS = {"bench": "adapters", "serve": "adapters", "commands": "commands"}
+FOLDERS |= {"services": "services"}
 FOLDERS |= {"models": "models", "llama": "llama", "decoding": "decoding", "request": "request"}
 EDGES = {"cli", "render", "render_fetch", "__main__"}
 # Known and not yet removed: run, chat, serve and bench print through render.py's
@@ -66,8 +68,8 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     # the layout before issue 27: models/loading.py imported commands/cost_cache.py, lazily
     fake = tmp_path / "specdec_cli" / "models" / "loading.py"
     fake.parent.mkdir(parents=True)
-    fake.write_text("def f():\n    from ..commands.cost_cache import pair_costs\n")
+    fake.write_text("def f():\n    from ..services.cost_cache import pair_costs\n")
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path / "specdec_cli")
-    assert imported_modules(fake) == {"commands.cost_cache"}
-    with pytest.raises(AssertionError, match="commands.cost_cache"):
+    assert imported_modules(fake) == {"services.cost_cache"}
+    with pytest.raises(AssertionError, match="services.cost_cache"):
         test_a_module_imports_no_layer_above_its_own(fake)

@@ -16,10 +16,10 @@ from fakes import (
     table_model,
 )
 
-from specdec_cli.commands.cost_cache import costs_cache, costs_key, pair_costs, remember_costs
 from specdec_cli.json_cache import read_json_cache, write_json_cache
 from specdec_cli.models.loading import MIN_CONTEXT, ModelPair, context_size, fit_context
 from specdec_cli.request import HardwareOptions
+from specdec_cli.services.cost_cache import costs_cache, costs_key, pair_costs, remember_costs
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import threading
 
 import pytest
 
-from specdec_cli.commands.lifecycle import Slot
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.history import DEFAULT_HISTORY_TOKENS
@@ -29,6 +28,7 @@ from specdec_cli.serve.model_thread import (
     TextPrompt,
 )
 from specdec_cli.serve.serve_protocol import Answer
+from specdec_cli.services.lifecycle import Slot
 
 
 @pytest.fixture

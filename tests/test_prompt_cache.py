@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.commands import prompt_cache
-from specdec_cli.commands.prompt_cache import PromptCache
 from specdec_cli.decoding.backend import common_prefix_length, logits_for_suffix
 from specdec_cli.llama import library
 from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.services import prompt_cache
+from specdec_cli.services.prompt_cache import PromptCache
 
 CHUNK = 16  # small chunks, so short prompts hold several
 SHARED = "the cat sat on the mat and then it went away the dog ran over the hill " * 3

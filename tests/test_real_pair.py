@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 from specdec_cli.bench.bench_prompts import load_prompts
 from specdec_cli.cli import app
-from specdec_cli.commands.prompting import prompt_tokens
 from specdec_cli.decoding.backend import logits_for_suffix
 from specdec_cli.decoding.drafters import ModelDrafter
 from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
@@ -27,6 +26,7 @@ from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.models.loading import load_pair
 from specdec_cli.models.resolve import resolve_model
 from specdec_cli.request import HardwareOptions
+from specdec_cli.services.prompting import prompt_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,6 @@ from serve_process import ServerProcess, health, run_json, wait_for_health
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.commands.lifecycle import Slot
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.llama.library import PROMPT_CHUNK
@@ -27,6 +26,7 @@ from specdec_cli.models.loading import ModelPair
 from specdec_cli.serve import model_thread
 from specdec_cli.serve.model_thread import Failed, Failure, Job, ModelThread, TextPrompt
 from specdec_cli.serve.serve_protocol import Answer
+from specdec_cli.services.lifecycle import Slot
 
 CTX = 2048  # each slot's
 LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on for 6000+ tokens

@@ -16,13 +16,13 @@ from tiny_gguf import TARGET_SEED, write_tiny_llama
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.commands.tool_calls import (
+from specdec_cli.serve.serve_protocol import ApiError, ChatCompletionRequest
+from specdec_cli.services.tool_calls import (
     HeldText,
     read_tools,
     split_calls,
     template_speaks_tools,
 )
-from specdec_cli.serve.serve_protocol import ApiError, ChatCompletionRequest
 from specdec_cli.structured import StructureError
 
 # A Hermes-style template of this test's own: the tools in the system turn, earlier calls

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..commands.prompting import check_prompt_fits, prediction_tokens
 from ..decoding.backend import Backend, SwitchableKernels
 from ..decoding.comparison import compare_outputs
 from ..decoding.costs import CostModel
@@ -37,6 +36,7 @@ from ..decoding.sampling import SamplingSettings
 from ..errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from ..models.loading import ModelPair, fit_context, load_drafter, load_pair
 from ..request import HardwareOptions
+from ..services.prompting import check_prompt_fits, prediction_tokens
 from .bench_configs import (
     EXACT_ALONE,
     ORACLE,

@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from ..commands.prompting import prompt_tokens
-from ..commands.tool_calls import Function, forced_call, split_calls
 from ..decoding.backend import Backend, encode_chat
 from ..errors import BadUsageError
+from ..services.prompting import prompt_tokens
+from ..services.tool_calls import Function, forced_call, split_calls
 from ..structured import Structure, StructureError, schema_errors
 
 DEFAULT_MAX_TOKENS = 128

@@ -32,9 +32,9 @@ from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
 from ..errors import BadUsageError, ModelFileError, SpecdecError
 from ..models.loading import ModelPair
+from ..services.history_file import HistoryFile
+from ..services.prompting import check_prompt_fits, prediction_tokens, read_prediction
 from ..structured import StructureKind, structure_from_file
-from .history_file import HistoryFile
-from .prompting import check_prompt_fits, prediction_tokens, read_prediction
 
 COMMANDS: dict[str, str] = {
     "/help": "this list",

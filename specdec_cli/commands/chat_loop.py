@@ -16,6 +16,8 @@ from ..decoding.engine import Piece
 from ..errors import SpecdecError
 from ..models.loading import CHAT_CONTEXT, ModelLoader, load_with_llama_cpp
 from ..request import DecodeRequest
+from ..services.drafting import load_history
+from ..services.lifecycle import loaded_pair
 from .chat import (
     COMMANDS,
     CONSTRAINTS,
@@ -25,8 +27,6 @@ from .chat import (
     parse_command,
     user_text,
 )
-from .drafting import load_history
-from .lifecycle import loaded_pair
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,7 @@ def _apply(command: Command, session: ChatSession, view: render.ChatView) -> Non
         view.info(f"temperature {command.value:g}")
     elif command.name in CONSTRAINTS:
         session.constrain(command.name, command.value)
-        view.info(
-            f"answers follow {command.value}" if command.value else "answers are free again"
-        )
+        view.info(f"answers follow {command.value}" if command.value else "answers are free again")
     elif command.name == "predict":
         n_tokens = session.predict(command.value)
         view.info(f"the next answer is predicted by {command.value} ({n_tokens} tokens)")

@@ -21,13 +21,13 @@ from ..decoding.modes import use_history
 from ..errors import EXIT_INTERRUPTED
 from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..request import DecodeRequest
+from ..services.drafting import load_history
+from ..services.history_file import HistoryFile
+from ..services.lifecycle import loaded_pair
+from ..services.prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
+from ..services.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
+from ..services.tool_calls import Function, HeldText, ToolCall, split_calls, template_speaks_tools
 from ..structured import StructureError
-from .drafting import load_history
-from .history_file import HistoryFile
-from .lifecycle import loaded_pair
-from .prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
-from .prompting import check_prompt_fits, prediction_tokens, prompt_tokens
-from .tool_calls import Function, HeldText, ToolCall, split_calls, template_speaks_tools
 
 if TYPE_CHECKING:
     from rich.console import Console

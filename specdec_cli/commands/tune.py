@@ -21,7 +21,7 @@ from ..models.pypi import models_dir
 from ..models.registry import load_registry, record_user_model
 from ..models.resolve import ResolvedModel
 from ..request import HardwareOptions
-from .prompting import prompt_tokens
+from ..services.prompting import prompt_tokens
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -7,7 +7,7 @@ before, and what followed it there most often? The adaptive drafter weighs that 
 against prompt lookup and the draft model. A history draft is only a proposal: the target
 checks every token, so the answer is the same with or without history.
 
-On disk (`run` and `chat` with --history DIR) it is commands/history_file.py's: this
+On disk (`run` and `chat` with --history DIR) it is services/history_file.py's: this
 module is pure.
 """
 

@@ -29,8 +29,6 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from ..commands.lifecycle import Slot
-from ..commands.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from ..decoding.backend import Backend, encode_chat, logits_for_suffix
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
@@ -38,6 +36,8 @@ from ..decoding.modes import use_history
 from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
 from ..llama import rpc
 from ..models.loading import ModelPair
+from ..services.lifecycle import Slot
+from ..services.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from ..structured import StructureError
 from .serve_protocol import Answer
 

@@ -23,8 +23,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..commands import tool_calls
 from ..decoding.engine import Finished, GenerationStats
+from ..services import tool_calls
 from ..structured import Structure, StructureError
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API

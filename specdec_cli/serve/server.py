@@ -25,14 +25,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
 from .. import render
-from ..commands.lifecycle import Slot, loaded_pair
-from ..commands.tool_calls import template_speaks_tools
 from ..decoding.engine import GenerationSettings
 from ..decoding.history import DEFAULT_HISTORY_TOKENS
 from ..errors import SpecdecError
 from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
 from ..network import is_loopback
 from ..request import DecodeRequest
+from ..services.lifecycle import Slot, loaded_pair
+from ..services.tool_calls import template_speaks_tools
 from . import render_serve
 from .guard import Guard, GuardMiddleware
 from .model_thread import (
