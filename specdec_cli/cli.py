@@ -14,11 +14,11 @@ from typing import Annotated, Any
 import typer
 
 from . import render
-from .decoding.engine import SamplingRule
 from .decoding.history import DEFAULT_HISTORY_TOKENS
 from .decoding.modes import DrafterMode, default_draft_max
 from .decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from .decoding.sampling import SamplingSettings
+from .decoding.verification import SamplingRule
 from .errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
 from .llama import rpc
 from .network import is_loopback

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .decoding.engine import GenerationSettings, SamplingRule
+from .decoding.engine import GenerationSettings
 from .decoding.modes import DrafterMode
 from .decoding.sampling import SamplingSettings
+from .decoding.verification import SamplingRule
 from .structured import Structure
 
 

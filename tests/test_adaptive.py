@@ -15,7 +15,6 @@ from fakes import (
     table_cost,
 )
 
-from specdec_cli.decoding.acceptance import AcceptanceModel, Rate, expected_tokens
 from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
 from specdec_cli.decoding.costs import (
     CostModel,
@@ -33,6 +32,7 @@ from specdec_cli.decoding.drafters import (
     ngram_draft,
 )
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
+from specdec_cli.decoding.learned_rates import AcceptanceModel, Rate, expected_tokens
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.policy import (
     CATCH_UP_COST,

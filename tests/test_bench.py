@@ -14,9 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.bench import bench, bench_configs, bench_prompts, bench_report
-from specdec_cli.decoding.engine import FinishReason, GenerationStats, SamplingRule
+from specdec_cli.decoding.engine import FinishReason, GenerationStats
 from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.decoding.sampling import SamplingSettings
+from specdec_cli.decoding.verification import SamplingRule
 from specdec_cli.errors import BadUsageError, ContextOverflowError
 from specdec_cli.models.checksums import cached_sha256
 from specdec_cli.request import HardwareOptions
@@ -101,13 +102,19 @@ def test_yaml_and_jsonl_prompt_files(tmp_path):
         ("bad.yaml", "- {id: a, category: qa, text: hi, max_tokens: 0}\n", "max_tokens"),
         ("bad.yaml", "- {id: a, category: qa, text: hi, max_token: 9}\n", "unknown field"),
         ("bad.yaml", "- {id: a, category: qa, messages: [{role: user}]}\n", "each message"),
-        ("bad.yaml", "- {id: a, category: qa, messages: [{role: user, content: x, tool_calls: "
-         "[1]}]}\n", "each message"),
+        (
+            "bad.yaml",
+            "- {id: a, category: qa, messages: [{role: user, content: x, tool_calls: [1]}]}\n",
+            "each message",
+        ),
         ("bad.yaml", "- {id: a, category: qa, text: hi, warm: true}\n", "only with a 'session'"),
         ("bad.yaml", "- {id: a, category: qa, text: hi, session: s, warm: 1}\n", "'warm'"),
         ("bad.yaml", "- {id: a, category: qa, text: hi, tool_choice: auto}\n", "only with 'tools'"),
-        ("bad.yaml", "- {id: a, category: qa, text: x}\n- {id: a, category: qa, text: y}\n",
-         "used twice"),
+        (
+            "bad.yaml",
+            "- {id: a, category: qa, text: x}\n- {id: a, category: qa, text: y}\n",
+            "used twice",
+        ),
         ("bad.jsonl", '{"id": "a", "category": "qa", "text": "x"}\n{"id": \n', "line 2"),
     ],
 )
@@ -181,8 +188,19 @@ def test_sha256_is_cached(tmp_path, monkeypatch):
 
 def bench_args(tiny_models, prompts: Path, *extra: str) -> list[str]:
     return [
-        "bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter),
-        "--prompts", str(prompts), "--ctx-size", "512", "--warmup", "4", "--fast", *extra,
+        "bench",
+        "--target",
+        str(tiny_models.target),
+        "--draft",
+        str(tiny_models.close_drafter),
+        "--prompts",
+        str(prompts),
+        "--ctx-size",
+        "512",
+        "--warmup",
+        "4",
+        "--fast",
+        *extra,
     ]
 
 
@@ -194,10 +212,23 @@ def sweep(tiny_models, tmp_path_factory):
     out, md = tmp / "bench.json", tmp / "bench.md"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_HOME", str(tmp / "home"))
-        result = runner.invoke(app(), bench_args(
-            tiny_models, prompts, "--draft-max", "2,4", "--drafter", "fixed", "--repeats", "2",
-            "--json", str(out), "--markdown", str(md),
-        ))
+        result = runner.invoke(
+            app(),
+            bench_args(
+                tiny_models,
+                prompts,
+                "--draft-max",
+                "2,4",
+                "--drafter",
+                "fixed",
+                "--repeats",
+                "2",
+                "--json",
+                str(out),
+                "--markdown",
+                str(md),
+            ),
+        )
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text()), md.read_text(), result
 
@@ -222,8 +253,15 @@ def test_report_is_complete_and_honours_the_prompts_file(sweep, tiny_models):
         assert model["sha256"] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
         assert model["size_bytes"] == Path(path).stat().st_size and model["parameters"] > 0
     machine = report["machine"]
-    for key in ("cpu", "cpu_count", "threads", "llama_cpp_python", "llama_cpp_system_info",
-                "gpu_layers", "ctx_size"):
+    for key in (
+        "cpu",
+        "cpu_count",
+        "threads",
+        "llama_cpp_python",
+        "llama_cpp_system_info",
+        "gpu_layers",
+        "ctx_size",
+    ):
         assert machine[key] not in (None, ""), key
     assert report["started_at"] and report["finished_at"]
 
@@ -259,7 +297,8 @@ def test_every_number_is_filled_and_consistent(sweep):
             assert 0 <= side["accepted"] <= side["drafted"]
             decided = side["generated_tokens"] + side["end_tokens"]
             assert side["tokens_per_pass"] == pytest.approx(
-                decided / side["target_passes"], abs=1e-3)
+                decided / side["target_passes"], abs=1e-3
+            )
             assert side["tokens_per_second"] > 0 and side["first_token_seconds"] > 0
             split = side["time_split"]
             assert sum(split.values()) == pytest.approx(1.0, abs=2e-3)
@@ -284,7 +323,8 @@ def test_identical_flag_matches_the_texts(sweep):
         assert row["identical_prompts"] == int(output["identical"])
         assert row["prompt_tokens"] == alone["prompt_tokens"] > 0
         assert row["speculative"]["generated_tokens"] == sum(
-            runs[(row["name"], row["configuration"], r)]["generated_tokens"] for r in (0, 1))
+            runs[(row["name"], row["configuration"], r)]["generated_tokens"] for r in (0, 1)
+        )
 
 
 def test_malformed_prompts_file_on_the_command_line(tiny_models, tmp_path):
@@ -295,13 +335,19 @@ def test_malformed_prompts_file_on_the_command_line(tiny_models, tmp_path):
 
 
 def test_context_overflow_writes_what_was_measured(tiny_models, tmp_path):
-    prompts = write(tmp_path, "p.yaml", (
-        "- {id: fits, category: qa, text: hello world, max_tokens: 6}\n"
-        f"- {{id: huge, category: qa, text: '{'the ' * 400}', max_tokens: 6}}\n"
-    ))
+    prompts = write(
+        tmp_path,
+        "p.yaml",
+        (
+            "- {id: fits, category: qa, text: hello world, max_tokens: 6}\n"
+            f"- {{id: huge, category: qa, text: '{'the ' * 400}', max_tokens: 6}}\n"
+        ),
+    )
     out = tmp_path / "partial.json"
-    result = runner.invoke(app(), bench_args(
-        tiny_models, prompts, "--ctx-size", "256", "--repeats", "1", "--json", str(out)))
+    result = runner.invoke(
+        app(),
+        bench_args(tiny_models, prompts, "--ctx-size", "256", "--repeats", "1", "--json", str(out)),
+    )
     assert result.exit_code == 1, result.output
     report = json.loads(out.read_text())
     assert report["complete"] is False and report["stopped_by"].startswith("error:")
@@ -368,8 +414,9 @@ def test_sampled_runs_with_the_classic_rule_have_no_output_check(tiny_models, tm
 
 
 def test_prompt_that_never_fits_is_an_error_before_measuring(tiny_models, tmp_path):
-    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", (
-        f"- {{id: huge, category: qa, text: '{'the ' * 400}'}}\n")))
+    prompts = bench_prompts.load_prompts(
+        write(tmp_path, "p.yaml", (f"- {{id: huge, category: qa, text: '{'the ' * 400}'}}\n"))
+    )
     request = bench.BenchRequest(
         target=Path(tiny_models.target),
         draft=Path(tiny_models.close_drafter),
@@ -486,9 +533,16 @@ def test_the_oracle_drafts_the_target_alones_answer_and_others_are_measured_agai
 
 
 def test_prediction_modes_use_the_prompts_prediction(tiny_models, tmp_path):
-    prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", (
-        "- {id: copy, category: editing, max_tokens: 24, text: 'the cat sat',"
-        " prediction: 'the cat sat on the mat and the dog sat on the log'}\n")))
+    prompts = bench_prompts.load_prompts(
+        write(
+            tmp_path,
+            "p.yaml",
+            (
+                "- {id: copy, category: editing, max_tokens: 24, text: 'the cat sat',"
+                " prediction: 'the cat sat on the mat and the dog sat on the log'}\n"
+            ),
+        )
+    )
     assert prompts[0].prediction
     configurations = bench_configs.configurations(None, ["ngram", "ngram+prediction"])
     assert [c.prediction for c in configurations] == [False, True]
@@ -559,8 +613,17 @@ def runs_of(runs: dict) -> list[str]:
     return sorted({prompt for prompt, _ in runs})
 
 
-AGENT_TOOL = {"type": "function", "function": {"name": "look", "parameters": {
-    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+AGENT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "look",
+        "parameters": {
+            "type": "object",
+            "properties": {"q": {"type": "string"}},
+            "required": ["q"],
+        },
+    },
+}
 
 
 def test_tool_turns_parse_with_their_calls_results_and_choice(tmp_path):

@@ -32,9 +32,10 @@ from specdec_cli.decoding.constraint import (
 )
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import NgramDrafter
-from specdec_cli.decoding.engine import Generation, GenerationSettings, Round, SamplingRule
+from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.policy import FORCED_FIRST_PRIOR
 from specdec_cli.decoding.sampling import SamplingSettings, distribution
+from specdec_cli.decoding.verification import SamplingRule
 from specdec_cli.structured import Structure
 
 GREEDY = SamplingSettings(temperature=0.0)

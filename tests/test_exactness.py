@@ -23,16 +23,15 @@ from specdec_cli.decoding import sampling as sampling_module
 from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
-from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings, SamplingRule
-from specdec_cli.decoding.sampling import (
+from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
+from specdec_cli.decoding.sampling import Distribution, SamplingSettings, distribution
+from specdec_cli.decoding.text_drafter import TextDrafter
+from specdec_cli.decoding.verification import (
     AcceptanceRule,
-    Distribution,
-    SamplingSettings,
+    SamplingRule,
     Verdict,
-    distribution,
     speculative_accept,
 )
-from specdec_cli.decoding.text_drafter import TextDrafter
 
 N_VOCAB = 4
 EOS = 3

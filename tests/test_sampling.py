@@ -9,13 +9,11 @@ from scipy import stats
 from specdec_cli.decoding.sampling import (
     Distribution,
     SamplingSettings,
-    Verdict,
     distribution,
-    greedy_accept,
     residual,
-    speculative_accept,
     top2_margin,
 )
+from specdec_cli.decoding.verification import Verdict, greedy_accept, speculative_accept
 
 LOGITS = np.array([1.0, 3.0, -2.0, 0.5, 2.0, 2.5, -1.0, 0.0])  # sorted ids: 1 5 4 0 3 7 6 2
 

@@ -18,10 +18,11 @@ from fakes import FakeBackend
 from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.costs import CostModel
 from specdec_cli.decoding.drafters import NgramDrafter
-from specdec_cli.decoding.engine import Generation, GenerationSettings, SamplingRule
+from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.decoding.text_drafter import TextDrafter, utf8_complete
+from specdec_cli.decoding.verification import SamplingRule
 
 IM_START, IM_END = b"<|im_start|>", b"<|im_end|>"
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance import AcceptanceModel, Rate, realism
 from .costs import CostModel
 from .drafters import (
     MODEL_SOURCES,
@@ -34,6 +33,7 @@ from .drafters import (
     ngram_draft,
 )
 from .history import HistoryIndex
+from .learned_rates import AcceptanceModel, Rate, realism
 from .policy import (
     CATCH_UP_COST,
     CATCH_UP_ROUNDS,

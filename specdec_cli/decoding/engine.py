@@ -17,14 +17,17 @@ from .backend import Decoder, logits_for_suffix
 from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
 from .sampling import (
-    AcceptanceRule,
     Distribution,
     GumbelChooser,
     RandomChooser,
     SamplingSettings,
     TokenChooser,
-    Verdict,
     distribution,
+)
+from .verification import (
+    AcceptanceRule,
+    SamplingRule,
+    Verdict,
     greedy_accept,
     invariant_accept,
     speculative_accept,
@@ -36,19 +39,6 @@ class TokenKind(str, Enum):
     ACCEPTED = "accepted"  # drafted, and the target agreed
     CORRECTION = "correction"  # the target's token in place of a rejected draft
     BONUS = "bonus"  # the target's extra token after a fully accepted draft
-
-
-class SamplingRule(str, Enum):
-    """How sampled drafts are verified (greedy decoding needs no rule: the argmax decides).
-
-    INVARIANT: every token is chosen by Gumbel-max with noise keyed by (seed, position),
-    for the target alone and the drafters alike, and a draft token is kept when it is the
-    target's own choice: the same seed gives the same answer with or without a drafter.
-    CLASSIC: Leviathan/Chen rejection sampling: keeps more drafts, exact in distribution,
-    but the answer for a seed depends on what was drafted."""
-
-    INVARIANT = "invariant"
-    CLASSIC = "classic"
 
 
 class FinishReason(str, Enum):

@@ -1,14 +1,9 @@
-"""Pure numpy sampling: logits processing, and the exact speculative acceptance rule.
-
-The rule is Leviathan et al. (2023) / Chen et al. (2023): a draft token x drawn from the
-drafter's distribution q is kept with probability min(1, p(x)/q(x)); at the first
-rejection the replacement is drawn from normalise(max(0, p - q)). The emitted sequence
-is then distributed exactly as if the target alone had sampled it.
-"""
+"""Pure numpy sampling: logits to distributions, the residual the classic rule draws from,
+and the token choosers (plain random, and Gumbel-max keyed by seed and position). How a
+draft is verified against them is verification.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,35 +84,6 @@ def residual(target: Distribution, draft: Distribution) -> Distribution:
     return Distribution(ids[keep][order], mass[keep][order] / total)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """How many draft tokens the target kept, and the token it adds after them."""
-
-    n_accepted: int
-    next_token: int
-
-
-AcceptanceRule = Callable[
-    [Sequence[int], Sequence[Distribution], Sequence[Distribution], np.random.Generator], Verdict
-]
-
-
-def speculative_accept(
-    draft: Sequence[int],
-    draft_dists: Sequence[Distribution],
-    target_dists: Sequence[Distribution],
-    rng: np.random.Generator,
-) -> Verdict:
-    """The exact rule. `target_dists` has one more entry than `draft` (the bonus position)."""
-    for i, token in enumerate(draft):
-        p, q = target_dists[i].prob(token), draft_dists[i].prob(token)
-        if q <= 0.0:
-            raise ValueError(f"draft token {token} has zero probability under its own drafter")
-        if rng.random() * q >= p:  # reject with probability 1 - min(1, p/q)
-            return Verdict(i, residual(target_dists[i], draft_dists[i]).sample(rng))
-    return Verdict(len(draft), target_dists[len(draft)].sample(rng))
-
-
 # -- choosing a token: one interface for drafters, the verifier and the target alone -------
 
 
@@ -173,29 +139,6 @@ def gumbel_noise(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
         bits = _splitmix64(key ^ np.asarray(ids, dtype=np.uint64))
     uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
     return -np.log(-np.log(uniform))
-
-
-def invariant_accept(
-    draft: Sequence[int],
-    target_dists: Sequence[Distribution],
-    chooser: TokenChooser,
-    first_position: int,
-) -> Verdict:
-    """Keep a draft token exactly when it is the target's own choice at its position; the
-    first one that is not is replaced by that choice. The answer is the target alone's."""
-    for i, token in enumerate(draft):
-        choice = chooser.pick(target_dists[i], first_position + i)
-        if choice != token:
-            return Verdict(i, choice)
-    return Verdict(len(draft), chooser.pick(target_dists[len(draft)], first_position + len(draft)))
-
-
-def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> Verdict:
-    """Greedy verification in one vectorised pass: keep drafts while they equal the argmax."""
-    choices = np.argmax(target_logits, axis=-1)
-    mismatches = np.flatnonzero(choices[: len(draft)] != np.asarray(draft, dtype=choices.dtype))
-    n_accepted = int(mismatches[0]) if mismatches.size else len(draft)
-    return Verdict(n_accepted, int(choices[n_accepted]))
 
 
 def top2_margin(logits: np.ndarray) -> float:

@@ -1,5 +1,6 @@
-"""How likely the target is to keep a draft token: rates learned as the answer goes, from
-priors by source, confidence and match length."""
+"""The planner's learned acceptance rates: how likely the target is to keep a draft token,
+learned as the answer goes from priors by source, confidence and match length. (The rules
+that decide which tokens are kept are verification.py's.)"""
 
 from __future__ import annotations
 
