@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side by side, same machine, same templated prompt, decode-only tok/s: llama.cpp's
 # llama-speculative-simple (built from the same vendored source) against specdec, exact and
-# --fast. The project's copy of ../shared/tools/peer_side_by_side.sh, with specdec's own
+# --fast. The project's copy of the workplace's peer_side_by_side.sh, with specdec's own
 # options as specdec now takes them (--draft only where a model drafts: `--draft X
 # --no-draft` and `--draft X --drafter ngram` are refused as contradictions).
 # Usage: scripts/peer_side_by_side.sh LLAMA_BIN_DIR SPECDEC DRAFT TARGET PROMPTS LINE TOKENS

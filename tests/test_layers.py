@@ -1,4 +1,4 @@
-"""Imports point down only (../shared/STYLE.md): each layer may import the ones below it,
+"""Imports point down only (the house style): each layer may import the ones below it,
 never one above; lazy imports inside functions count too."""
 
 from __future__ import annotations

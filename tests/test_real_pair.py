@@ -1,4 +1,4 @@
-"""The real Qwen2.5-Coder pair (../shared/models/README.md), fetched and cached on first use.
+"""The real Qwen2.5-Coder pair (pulled from PyPI: models.yaml), fetched and cached on first use.
 
 In exact mode (the default) speculative output must be the target alone's, byte for byte:
 the target's logits for a token are bitwise the same whatever batch verified it. With

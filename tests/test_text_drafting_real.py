@@ -1,4 +1,4 @@
-"""Drafting by text with real models of other vocabularies (../shared/models/README.md):
+"""Drafting by text with real models of other vocabularies (pulled from PyPI: models.yaml):
 SmolLM2-135M (byte-level BPE, 49,152 tokens) drafting for Qwen2.5-Coder-1.5B (byte-level
 BPE, 151,936 tokens) and for Gemma 3 270M (SentencePiece, 262,144 tokens). In exact mode
 the answer must be the target alone's, byte for byte, whatever the drafter proposes."""
