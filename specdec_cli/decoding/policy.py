@@ -1,7 +1,8 @@
 """The planner's tuned constants, together: each with what it is for and the measurement
 that set it, so that whoever changes one knows what to measure again (`specdec bench` on
-the suite, `step_costs.py` and `drafter_agreement.py` (measuring tools kept beside the repository) for the costs and the
-agreement they rest on). Grouped by the module that reads them."""
+the suite; for the costs and the agreement they rest on, `step_costs.py` and
+`drafter_agreement.py`, measuring tools kept beside the repository). Grouped by the module
+that reads them."""
 
 # ---- costs.py: the decode cost table, its probe and its healing ----------------------------
 
