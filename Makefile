@@ -55,7 +55,7 @@ test-fast: install
 	$(PY) -m pytest -ra -m "not slow"
 
 lint: install
-	$(VENV)/bin/ruff check specdec_cli tests scripts/check_build.py scripts/gpu_check.py
+	$(VENV)/bin/ruff check specdec_cli tests scripts
 	$(VENV)/bin/mypy
 
 bench: install

@@ -15,9 +15,9 @@ as a ratio to its own solo latency; how many answers differed from their solo an
 how many tokens each request drafted per target pass (the planner sizes drafts by what
 they add to a shared pass).
 
-    .venv/bin/python scripts/concurrency_bench.py -- --draft tiny --target large
-    .venv/bin/python scripts/concurrency_bench.py --clients 1,4 -n 128 -- --no-draft --target large
-    .venv/bin/python scripts/concurrency_bench.py --url http://127.0.0.1:8080   # a running one
+    .venv/bin/python docs/measurements/experiments/concurrency_bench.py -- --draft tiny --target large
+    .venv/bin/python docs/measurements/experiments/concurrency_bench.py --clients 1,4 -n 128 -- --no-draft --target large
+    .venv/bin/python docs/measurements/experiments/concurrency_bench.py --url http://127.0.0.1:8080   # a running one
 
 Also --short: a short request arriving while three long ones run, its latency against solo;
 --copying: the same for an edit of a long file (a request that drafts much alone), with its

@@ -1,7 +1,7 @@
 """What a trimmed output head would save and lose for a drafter of the target's vocabulary
 (issue 25 item 4a), measured without the llama.cpp patch it would need.
 
-    .venv/bin/python scripts/trimmed_head_costs.py BENCH.json [BENCH.json ...] [--repeats N]
+    .venv/bin/python docs/measurements/experiments/trimmed_head_costs.py BENCH.json [BENCH.json ...] [--repeats N]
 
 Saves: one decode of one token with its logits (the head computed) against one without an
 output row (llama.cpp then skips the head), interleaved with the target's exact step; a

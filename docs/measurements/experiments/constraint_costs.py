@@ -2,7 +2,7 @@
 vocabulary, one token asked about, and, over whole constrained answers, the share of the
 time spent asking the grammar against the target's own steps.
 
-    .venv/bin/python scripts/constraint_costs.py [TARGET.gguf] [--drafter DRAFTER.gguf]
+    .venv/bin/python docs/measurements/experiments/constraint_costs.py [TARGET.gguf] [--drafter DRAFTER.gguf]
 
 Every answer is also decoded speculatively (with the drafter, by token ids or by text)
 and compared token for token with the target alone's under the same grammar.
