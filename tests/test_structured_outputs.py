@@ -274,4 +274,3 @@ def test_the_schema_check_of_answers(value, schema, ok):
     from specdec_cli.structured import schema_errors
 
     assert (not schema_errors(value, schema)) is ok
-

@@ -170,9 +170,7 @@ def agreement(path, greedy_paths) -> float:
     return float(np.mean(hits))
 
 
-def test_the_close_drafter_agrees_often_not_always_the_unrelated_rarely(
-    tiny_models, greedy_paths
-):
+def test_the_close_drafter_agrees_often_not_always_the_unrelated_rarely(tiny_models, greedy_paths):
     rate = agreement(tiny_models.close_drafter, greedy_paths)
     assert 0.6 <= rate < 1.0, rate
     assert agreement(tiny_models.unrelated_drafter, greedy_paths) <= 0.2

@@ -22,11 +22,15 @@ def test_optimize_drafter_builds_measures_and_records(tiny_models, tmp_path, mon
                 "version": 1,
                 "models": {
                     "tiny-target": {
-                        "family": "tiny", "role": "target", "params": "1M",
+                        "family": "tiny",
+                        "role": "target",
+                        "params": "1M",
                         "sources": [{"path": str(tiny_models.target)}],
                     },
                     "tiny-drafter": {
-                        "family": "tiny", "role": "drafter", "params": "0.5M",
+                        "family": "tiny",
+                        "role": "drafter",
+                        "params": "0.5M",
                         "sources": [{"path": str(tiny_models.close_drafter)}],
                     },
                 },
@@ -58,7 +62,8 @@ def test_optimize_drafter_needs_a_drafter(tiny_models, tmp_path, monkeypatch):
                 "version": 1,
                 "models": {
                     "tiny-target": {
-                        "family": "tiny", "role": "target",
+                        "family": "tiny",
+                        "role": "target",
                         "sources": [{"path": str(tiny_models.target)}],
                     }
                 },

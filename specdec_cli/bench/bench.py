@@ -44,8 +44,9 @@ from .bench_configs import (
     Configuration,
     make_drafter,
 )
+from .bench_machine import machine_info, model_record, timestamp
 from .bench_prompts import BenchPrompt
-from .bench_report import BenchReport, OutputCheck, RunRecord, machine_info, model_record, timestamp
+from .bench_report import BenchReport, OutputCheck, RunRecord
 
 
 class BenchProgress(Protocol):

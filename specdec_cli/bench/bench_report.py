@@ -1,34 +1,29 @@
-"""Bench results: runs, their statistics, the report and its JSON, the machine, the model files."""
+"""Bench results: runs, their aggregates, the report and its JSON (the statistics are
+bench_stats.py's, the machine and model records bench_machine.py's)."""
 
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from ..decoding.backend import Backend
 from ..decoding.comparison import Comparison
 from ..decoding.engine import (
     FinishReason,
     GenerationStats,
 )
 from ..errors import BadUsageError
-from ..request import HardwareOptions
 from .bench_configs import INSTRUMENTS, ORACLE, TARGET_ALONE, Configuration
+from .bench_machine import timestamp
 from .bench_prompts import BenchPrompt
+from .bench_stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Estimate, speedup_estimate
 
 SCHEMA = "specdec.bench/1"
-BOOTSTRAP_DRAWS = 2000
-BOOTSTRAP_SEED = 0
 METHOD = {
     "interleaving": "per prompt and repeat: target alone, then each configuration in order",
     "cache": "every run starts from an empty KV cache (prompt processing included), but a "
@@ -47,44 +42,6 @@ METHOD = {
     "tokens a pass chose, not in the text; the target alone makes 1.0)",
     "identical": "greedy runs only: the first repeat's tokens against the target alone's",
 }
-
-
-@dataclass(frozen=True)
-class Estimate:
-    value: float
-    low: float
-    high: float
-
-    def as_dict(self) -> dict:
-        return {
-            "median": round(self.value, 4),
-            "low": round(self.low, 4),
-            "high": round(self.high, 4),
-        }
-
-
-def geometric_mean(values: Iterable[float]) -> float:
-    logs = [math.log(v) for v in values]
-    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
-
-
-def speedup_estimate(
-    groups: Sequence[Sequence[float]], draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED
-) -> Estimate | None:
-    """Geometric mean over groups (prompts) of each group's median ratio, with a percentile
-    bootstrap interval that resamples within each group (the timing noise of this machine)."""
-    arrays = [np.asarray(g, dtype=float) for g in groups if len(g)]
-    if not arrays:
-        return None
-    point = geometric_mean(float(np.median(a)) for a in arrays)
-    rng = np.random.default_rng(seed)
-    log_sum = np.zeros(draws)
-    for a in arrays:
-        samples = a[rng.integers(0, len(a), size=(draws, len(a)))]
-        log_sum += np.log(np.median(samples, axis=1))
-    boot = np.exp(log_sum / len(arrays))
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return Estimate(point, float(low), float(high))
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -468,75 +425,3 @@ def write_json(report: BenchReport, path: Path) -> None:
         sys.stdout.flush()
     else:
         path.write_text(text, encoding="utf-8")
-
-
-def timestamp() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def machine_info(hardware: HardwareOptions, n_ctx: int) -> dict:
-    from ..llama import library  # loaded already by the time a bench runs
-
-    return {
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "threads": hardware.threads or library.default_threads(),
-        "memory_bytes": _memory_bytes(),
-        "load_average": _load_average(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "llama_cpp_python": library.library_version(),
-        "llama_cpp_system_info": library.system_info(),
-        "rowwise_kernels": library.rowwise_kernels(),
-        "gpu_offload_supported": library.supports_gpu_offload(),
-        "gpu_layers": hardware.gpu_layers,
-        "draft_gpu_layers": hardware.draft_gpu_layers,
-        "rpc": list(hardware.rpc),  # the target's layers on these workers
-        "tensor_split": list(hardware.tensor_split),
-        "ctx_size": n_ctx,
-    }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def _memory_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
-def model_record(backend: Backend, path: Path) -> dict:
-    from ..models.checksums import cached_sha256
-
-    record = {
-        "path": str(path),
-        "file": path.name,
-        "size_bytes": path.stat().st_size,
-        "sha256": cached_sha256(path),
-    }
-    info = backend.describe()
-    record.update(
-        description=info.get("description"),
-        parameters=info.get("parameters"),
-        n_vocab=info.get("n_vocab"),
-    )
-    return record

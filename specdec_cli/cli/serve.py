@@ -144,8 +144,8 @@ def serve(
 
     The sampling options are defaults for requests that do not set their own.
     """
-    from ..serve.server import ServeOptions, ServeRequest
-    from ..serve.server import serve as run_server
+    from ..serve.launch import ServeOptions, ServeRequest
+    from ..serve.launch import serve as run_server
 
     shared = SharedOptions(
         system=system,

@@ -39,7 +39,7 @@ from ..models.loading import ModelPair
 from ..services.lifecycle import Slot
 from ..services.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from ..structured import StructureError
-from .serve_protocol import Answer
+from .responses import Answer
 
 # A request's prompt is decoded this many tokens at a time, so that a client that leaves
 # during a long prompt frees its slot within one step (about a second for a 1.5B target on
