@@ -54,8 +54,9 @@ bench-native:
 test-fast: install
 	$(PY) -m pytest -ra -m "not slow"
 
-lint: install
+lint: install  # ruff (lint and format) and mypy
 	$(VENV)/bin/ruff check specdec_cli tests scripts
+	$(VENV)/bin/ruff format --check specdec_cli tests scripts
 	$(VENV)/bin/mypy
 
 bench: install
