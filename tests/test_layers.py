@@ -13,15 +13,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specdec_cli"
 # loader, so it sits below both and above the engine whose settings it builds; the other
 # modules at the package's top level but cli and render* are small shared pieces at the
 # bottom (errors, paths, json_cache ...).
-LAYERS = ["edges", "adapters", "commands", "services", "models", "llama", "request", "decoding"]
-LAYERS += ["shared"]
+LAYERS = ["edges", "adapters", "commands", "views", "services", "models", "llama", "request"]
+LAYERS += ["decoding", "shared"]
 FOLDERS = {"bench": "adapters", "serve": "adapters", "commands": "commands"}
 FOLDERS |= {"services": "services"}
 FOLDERS |= {"models": "models", "llama": "llama", "decoding": "decoding", "request": "request"}
-EDGES = {"cli", "render", "render_fetch", "__main__"}
-# Known and not yet removed: run, chat, serve and bench print through render.py's
-# console helpers (the next step of issue 27's review moves what they share below them).
-ALLOWED_UPWARDS = {"commands": {"render"}, "adapters": {"render"}}
+EDGES = {"cli", "__main__"}
+# The terminal views the commands and adapters print through: below them, above what they show.
+VIEWS = {"render", "render_fetch", "render_chat"}
+ALLOWED_UPWARDS: dict[str, set[str]] = {}  # none
 
 
 def layer_of(module: str) -> str:
@@ -29,6 +29,8 @@ def layer_of(module: str) -> str:
     first = module.split(".")[0]
     if first in FOLDERS:
         return FOLDERS[first]
+    if first in VIEWS:
+        return "views"
     return "edges" if first in EDGES else "shared"
 
 

@@ -1,6 +1,6 @@
 """A multi-turn conversation over a model pair: history as tokens, cache reuse, trimming, commands.
 
-No terminal code here. `chat_loop.py` reads lines and handles Ctrl-C; `render.ChatView` draws.
+No terminal code here. `chat_loop.py` reads lines and handles Ctrl-C; `render_chat.ChatView` draws.
 
 Each turn renders the whole conversation through the target's chat template and runs one
 `Generation` over all of it. The backends compare that token list with what their KV caches

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .. import render
+from .. import render, render_chat
 from ..decoding.engine import Piece
 from ..errors import SpecdecError
 from ..models.loading import CHAT_CONTEXT, ModelLoader, load_with_llama_cpp
@@ -43,7 +43,11 @@ def run_chat(
 ) -> int:
     stdin = stdin or sys.stdin
     interactive = stdin.isatty()
-    view = render.ChatView.terminal(request.no_color) if interactive else render.ChatView.scripted()
+    view = (
+        render_chat.ChatView.terminal(request.no_color)
+        if interactive
+        else render_chat.ChatView.scripted()
+    )
     decode = request.decode
     with ExitStack() as lifetime:
         with view.loading():
@@ -62,7 +66,7 @@ def run_chat(
 
 
 def _converse(
-    session: ChatSession, view: render.ChatView, stdin: TextIO, interactive: bool
+    session: ChatSession, view: render_chat.ChatView, stdin: TextIO, interactive: bool
 ) -> None:
     lines = _terminal_lines() if interactive else _piped_lines(stdin)
     for line in lines:
@@ -85,7 +89,7 @@ def _terminal_lines() -> Iterator[str]:
         import readline  # noqa: F401  (importing it gives input() line editing and history)
     while True:
         try:
-            line = input(render.CHAT_PROMPT)
+            line = input(render_chat.CHAT_PROMPT)
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
@@ -100,7 +104,9 @@ def _piped_lines(stdin: TextIO) -> Iterator[str]:
             yield line.rstrip("\n")
 
 
-def _reply(session: ChatSession, view: render.ChatView, text: str, catch_interrupt: bool) -> None:
+def _reply(
+    session: ChatSession, view: render_chat.ChatView, text: str, catch_interrupt: bool
+) -> None:
     turn = session.reply(text)
     if turn.dropped:
         view.notice(
@@ -156,7 +162,7 @@ class _CtrlC:
         self.pressed = True
 
 
-def _apply(command: Command, session: ChatSession, view: render.ChatView) -> None:
+def _apply(command: Command, session: ChatSession, view: render_chat.ChatView) -> None:
     if command.name == "help":
         view.help(COMMANDS)
     elif command.name == "reset":
