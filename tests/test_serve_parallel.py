@@ -29,7 +29,9 @@ from specdec_cli.serve.responses import Answer
 from specdec_cli.services.lifecycle import Slot
 
 CTX = 2048  # each slot's
-LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on for 6000+ tokens
+LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on to the end of the context
+# as long an answer as a slot's context holds (a longer max_tokens is a 400, as OpenAI's)
+LONG_ANSWER = CTX - 16
 QUESTIONS = ["the cat sat on", "what is the time", "one two three", "a b c d e f"]
 ANSWER_TOKENS = 300  # long enough that four answers sent at once are made side by side
 
@@ -108,7 +110,7 @@ def stream_lines(server, body: dict, into: list[str], started: threading.Event, 
 
 
 def test_clients_that_leave_free_their_slots_while_the_others_go_on(server):
-    body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
+    body = {"prompt": LONG_PROMPT, "max_tokens": LONG_ANSWER, "stream": True}
     leave = [threading.Event() for _ in range(4)]
     started = [threading.Event() for _ in range(4)]
     received: list[list[str]] = [[] for _ in range(4)]
@@ -150,7 +152,7 @@ def test_clients_that_leave_free_their_slots_while_the_others_go_on(server):
 
 def test_a_prompt_too_long_for_a_slot_is_a_400_and_the_other_answers_go_on(server):
     leave, started, received = threading.Event(), threading.Event(), []
-    body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
+    body = {"prompt": LONG_PROMPT, "max_tokens": LONG_ANSWER, "stream": True}
     streaming = threading.Thread(
         target=stream_lines, args=(server, body, received, started, leave.is_set)
     )
@@ -179,7 +181,7 @@ def test_a_full_queue_is_a_503_with_every_slot_busy(tiny_models, tmp_path):
         *("--ctx-size", str(CTX)),
         home=tmp_path,
     )
-    body = {"prompt": LONG_PROMPT, "max_tokens": 6000, "stream": True}
+    body = {"prompt": LONG_PROMPT, "max_tokens": LONG_ANSWER, "stream": True}
     leave = threading.Event()
     started = [threading.Event() for _ in range(3)]
     received: list[list[str]] = [[] for _ in range(3)]

@@ -410,9 +410,9 @@ class ModelThread:
         except StructureError as error:  # the grammar does not parse: before any answer
             raise bad_prompt(str(error)) from None
         job.post(Started(len(prompt), cached))
-        _prefill(target, prompt, job)
         rounds = state.slot.rounds
         with rounds.taking_part(state.index) if rounds else contextlib.nullcontext():
+            _prefill(target, prompt, job)  # a slot's prompt decodes take the context's turns
             finished = _follow(generation, job)
         if finished is not None and history is not None:
             with self._histories_lock:  # a resent conversation: its new part
