@@ -36,6 +36,10 @@ L=$(dirname "$(find $W/plat $S/llama_cpp -name 'libllama.so*' | head -1)")
 CUBLAS=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=$L:$(dirname "${CUBLAS:-/x/x}"):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 echo "libggml-cuda exports outside ggml_*: $(nm -D --defined-only $L/libggml-cuda.so | awk '$2 ~ /[TWVBDR]/ {print $3}' | grep -vc '^ggml_')"
+# libstdc++ linked statically and exported (the load crash's cause): each library's count
+for lib in $L/lib*.so; do
+  echo "$(basename $lib): needs libstdc++.so.6: $(readelf -d $lib | grep -c 'libstdc++'), exports libstdc++ code: $(nm -D --defined-only $lib | c++filt | grep -c ' T std::')"
+done
 # A build whose libraries each carry libstdc++ statically (no --exclude-libs) crashes at load
 # without this: a measurement aid for such a build, never the fix (build_flags.py has that).
 [ -n "${PRELOAD_LIBSTDCXX:-}" ] && export LD_PRELOAD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
@@ -47,6 +51,7 @@ from specdec_cli.llama.backend import LlamaBackend
 m = LlamaBackend('$W/m/qwen2.5-0.5b.gguf', n_ctx=256, n_gpu_layers=-1, exact=True)
 print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.signature(), 'vocab', m.n_vocab)
 " || { t "LOAD FAILED"; exit 1; }
+PYTHONPATH=$PYTHONPATH:$S/vendor/llama.cpp/gguf-py python3 scripts/check_build.py || t "BUILD CHECK FAILED"
 t check
 timeout 200 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
 grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
