@@ -13,9 +13,8 @@ from pathlib import Path
 
 from ..errors import ModelFileError
 from . import rpc
+from .exactness import CPU_TYPE, GPU_TYPES
 from .library import (
-    CPU_TYPE,
-    GPU_TYPES,
     default_threads,
     devices_of_type,
     keep_invariant_kernels,

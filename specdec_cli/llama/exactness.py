@@ -20,7 +20,8 @@ INVARIANT_SWITCHES = {
     "CPU": "ggml_cpu_set_invariant_rows",
     "CUDA": "ggml_backend_cuda_set_invariant_rows",
 }
-GPU_TYPES = (1, 2)  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
+GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 
 Lookup = Callable[[str, list, object], Callable | None]
 
@@ -35,7 +36,8 @@ class Exactness:
             for backend, name in INVARIANT_SWITCHES.items()
             if (switch := lookup(name, [ctypes.c_int], None)) is not None
         }
-        self._gpu_backends = _gpu_backend_names(lookup)
+        gpus = (name for _, kind, name in registered_devices(lookup) if kind in GPU_TYPES)
+        self._gpu_backends = list(dict.fromkeys(gpus))  # each backend once, in ggml's order
 
     @property
     def on_cpu(self) -> bool:
@@ -69,8 +71,10 @@ class Exactness:
         return "+".join(sorted(self._switches)) or "none"
 
 
-def _gpu_backend_names(lookup: Lookup) -> list[str]:
-    """The registry names of the GPU backends with a device, from ggml's device list."""
+def registered_devices(lookup: Lookup) -> list[tuple[int, int, str]]:
+    """ggml's registered devices, each as (handle, device type, its backend's registry name);
+    none in a build without ggml's device API. RPC workers are never registered, so they are
+    not among them."""
     pointer = ctypes.c_void_p
     count = lookup("ggml_backend_dev_count", [], ctypes.c_size_t)
     get = lookup("ggml_backend_dev_get", [ctypes.c_size_t], pointer)
@@ -79,10 +83,5 @@ def _gpu_backend_names(lookup: Lookup) -> list[str]:
     name = lookup("ggml_backend_reg_name", [pointer], ctypes.c_char_p)
     if count is None or get is None or kind is None or registry is None or name is None:
         return []
-    backends: list[str] = []
-    for index in range(count()):
-        device = get(index)
-        backend = name(registry(device)).decode()
-        if kind(device) in GPU_TYPES and backend not in backends:
-            backends.append(backend)
-    return backends
+    devices = [get(index) for index in range(count())]
+    return [(device, kind(device), name(registry(device)).decode()) for device in devices]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ModelFileError
-from .exactness import Exactness
+from .exactness import GPU_TYPES, Exactness, registered_devices
 
 try:
     import llama_cpp
@@ -79,18 +79,9 @@ def native_function(name: str, argtypes: list, restype):
     return function
 
 
-CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
-GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
-_dev_count = native_function("ggml_backend_dev_count", [], ctypes.c_size_t)
-_dev_get = native_function("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p)
-_dev_type = native_function("ggml_backend_dev_type", [ctypes.c_void_p], ctypes.c_int)
-
-
 def devices_of_type(types: tuple[int, ...]) -> list[int]:
-    """ggml's registered devices of these types. RPC workers are never registered, so they
-    are not among them."""
-    devices = (_dev_get(i) for i in range(_dev_count()))
-    return [device for device in devices if _dev_type(device) in types]
+    """ggml's registered devices of these types (exactness.registered_devices)."""
+    return [device for device, kind, _ in registered_devices(native_function) if kind in types]
 
 
 # The invariant kernels' switches of every backend in this build (exactness.py). ggml makes each

@@ -412,7 +412,7 @@ class ModelThread:
         job.post(Started(len(prompt), cached))
         rounds = state.slot.rounds
         with rounds.taking_part(state.index) if rounds else contextlib.nullcontext():
-            _prefill(target, prompt, job)  # a slot's prompt decodes take the context's turns
+            _prefill(target, prompt, cached, job)  # a slot's prompt decodes take its turns
             finished = _follow(generation, job)
         if finished is not None and history is not None:
             with self._histories_lock:  # a resent conversation: its new part
@@ -420,12 +420,12 @@ class ModelThread:
         job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
 
 
-def _prefill(target: Backend, prompt: list[int], job: Job) -> None:
+def _prefill(target: Backend, prompt: list[int], cached: int, job: Job) -> None:
     """Decode the prompt but its last token PREFILL_STEP tokens at a time, at multiples of
     PREFILL_STEP from position 0 (where exact mode cuts prompts too: the cache ends as one
     decode of the prompt would leave it), checking between steps whether the client left.
-    The generation then decodes the rest."""
-    done = target.prompt_reuse(prompt)
+    `cached`: how much of it the cache serves. The generation then decodes the rest."""
+    done = cached
     for end in range((done // PREFILL_STEP + 1) * PREFILL_STEP, len(prompt), PREFILL_STEP):
         if job.cancelled:
             raise client_gone(f"during its prompt, after {done} of {len(prompt)} tokens")
