@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -23,6 +25,35 @@ class VocabInfo:
     eos: int
     add_bos: bool
     add_eos: bool
+
+
+class DecodeStopped(Exception):
+    """A decode given up between two of its chunks, because its caller asked (stoppable)."""
+
+
+_stop_checks = threading.local()
+
+
+@contextmanager
+def stoppable(should_stop: Callable[[], bool]) -> Iterator[None]:
+    """While inside, a decode on this thread that takes several chunks (a prompt, a drafter
+    catching up on one) asks `should_stop` before each chunk after its first and raises
+    DecodeStopped if so: what it decoded stays cached and counted. serve stops a request
+    whose client left so within one chunk wherever it is; a decode of one chunk (a step, a
+    verification) always finishes, and the engine stops between its rounds."""
+    outer = getattr(_stop_checks, "check", None)
+    _stop_checks.check = should_stop
+    try:
+        yield
+    finally:
+        _stop_checks.check = outer
+
+
+def raise_if_stopped() -> None:
+    """For a backend, before each chunk of a decode after the first: see stoppable."""
+    check = getattr(_stop_checks, "check", None)
+    if check is not None and check():
+        raise DecodeStopped
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..decoding.backend import kept_prefix
+from ..decoding.backend import kept_prefix, raise_if_stopped
 from ..errors import ContextOverflowError, ModelFileError
 from . import library
 from .batches import aligned_bounds, chunk_bounds, decode_failure
@@ -187,6 +187,8 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         size = min(self.n_batch, EXACT_BATCH_ROWS) if invariant else self.n_batch
         bounds = chunk_bounds(len(tokens), size, n_logit_rows)
         for start, stop in zip(bounds, bounds[1:], strict=False):
+            if start > bounds[0]:
+                raise_if_stopped()
             is_last = stop == len(tokens)
             rows = n_logit_rows if is_last else 0
             logits = self._decode_chunk(tokens[start:stop], rows, invariant)
@@ -221,6 +223,8 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
             self.truncate(start)
         bounds = aligned_bounds(start, start + len(tokens), size, n_logit_rows)
         for first, stop in zip(bounds, bounds[1:], strict=False):
+            if first > bounds[0]:
+                raise_if_stopped()
             is_last = stop == bounds[-1]
             rows = n_logit_rows if is_last else 0
             logits = self._decode_chunk(tokens[first - start : stop - start], rows, False)

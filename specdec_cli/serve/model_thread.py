@@ -29,7 +29,7 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from ..decoding.backend import Backend, encode_chat, logits_for_suffix
+from ..decoding.backend import Backend, DecodeStopped, encode_chat, logits_for_suffix, stoppable
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
@@ -411,9 +411,16 @@ class ModelThread:
             raise bad_prompt(str(error)) from None
         job.post(Started(len(prompt), cached))
         rounds = state.slot.rounds
-        with rounds.taking_part(state.index) if rounds else contextlib.nullcontext():
+        with (
+            rounds.taking_part(state.index) if rounds else contextlib.nullcontext(),
+            stoppable(lambda: job.cancelled),  # a drafter's catch-up on the prompt too
+        ):
             _prefill(target, prompt, cached, job)  # a slot's prompt decodes take its turns
-            finished = _follow(generation, job)
+            try:
+                finished = _follow(generation, job)
+            except DecodeStopped:  # in the middle of a round
+                answered = len(generation.tokens)
+                raise client_gone(f"in a long decode, after {answered} answer tokens") from None
         if finished is not None and history is not None:
             with self._histories_lock:  # a resent conversation: its new part
                 history.add_turn(prompt, finished.tokens)
@@ -429,7 +436,11 @@ def _prefill(target: Backend, prompt: list[int], cached: int, job: Job) -> None:
     for end in range((done // PREFILL_STEP + 1) * PREFILL_STEP, len(prompt), PREFILL_STEP):
         if job.cancelled:
             raise client_gone(f"during its prompt, after {done} of {len(prompt)} tokens")
-        logits_for_suffix(target, prompt[:end], 1, prompt=True)
+        try:
+            logits_for_suffix(target, prompt[:end], 1, prompt=True)
+        except DecodeStopped:  # between two chunks of this step
+            read = len(target.cached)
+            raise client_gone(f"during its prompt, after {read} of {len(prompt)} tokens") from None
         done = end
 
 
