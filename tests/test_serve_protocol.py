@@ -84,7 +84,7 @@ def test_messages_for_the_template():
     )
     assert request.chat_messages("server default") == [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "ab"},
+        {"role": "user", "content": "a\nb"},  # one part a line, as llama.cpp joins them
         {"role": "assistant", "content": ""},
     ]
     assert chat().chat_messages("server default")[0] == {

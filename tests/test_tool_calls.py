@@ -11,11 +11,15 @@ import re
 import openai
 import pytest
 from click.testing import Result
+from llama_cpp_template import llama_cpp_prompt
 from test_server import KEY, ServerProcess, http
 from tiny_gguf import TARGET_SEED, write_tiny_llama
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from specdec_cli.decoding.backend import encode_chat, encode_template_text
+from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.models.resolve import resolve_model
 from specdec_cli.serve.serve_protocol import ApiError, ChatCompletionRequest
 from specdec_cli.services.tool_calls import (
     HeldText,
@@ -310,3 +314,107 @@ def test_only_templates_with_tools_and_the_tags_speak_tools():
     assert template_speaks_tools(TOOLS_TEMPLATE)
     assert not template_speaks_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
     assert not template_speaks_tools(None)
+
+
+# ---- the prompt of a tool's result: what llama.cpp's Jinja rendering gives ------------------
+
+# A Hermes-style template of this test's own that, as Qwen2.5's does, prints each tool whole
+# (`tool | tojson`), each earlier call's arguments with `tojson`, and a tool's answer between
+# <tool_response> tags in a user turn.
+PRINTING_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}"
+    "{{ messages[0].content }}{% else %}You help.{% endif %}\n<tools>{% for tool in tools %}"
+    "{{ '\n' }}{{ tool | tojson }}{% endfor %}{{ '\n' }}</tools><|im_end|>{{ '\n' }}{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user{{ '\n' }}<tool_response>"
+    "{{ '\n' + m.content + '\n' }}</tool_response><|im_end|>{{ '\n' }}"
+    "{% elif m.tool_calls %}<|im_start|>assistant{% if m.content %}{{ '\n' + m.content }}"
+    "{% endif %}{% for c in m.tool_calls %}{{ '\n' }}<tool_call>{{ '\n' }}"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
+    "{{ '\n' }}</tool_call>{% endfor %}<|im_end|>{{ '\n' }}"
+    "{% elif not (m.role == 'system' and tools and loop.first) %}"
+    "<|im_start|>{{ m.role }}{{ '\n' + m.content }}<|im_end|>{{ '\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif %}"
+)
+AGENT_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "description": "The weather now in a city"}},
+    {"type": "function", "function": {"name": "local_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+]  # fmt: skip
+
+
+def a_call(id: str, name: str, arguments: str) -> dict:
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# Two rounds: two calls answered by two tool turns (one in content parts), an answer, a
+# second question and a call with words before it, and its result.
+AGENT_TURNS = [
+    {"role": "user", "content": "Weather in Zürich and the time in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        a_call("call_1", "get_weather", '{"city": "Zürich"}'),
+        a_call("call_2", "local_time", '{"city":"Oslo"}')]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 18, "sky": "clear"}'},
+    {"role": "tool", "tool_call_id": "call_2",
+     "content": [{"type": "text", "text": "09:30"}, {"type": "text", "text": "CET"}]},
+    {"role": "assistant", "content": "18 °C and clear in Zürich; 09:30 in Oslo."},
+    {"role": "user", "content": "And in Paris?"},
+    {"role": "assistant", "content": "Let me look.",
+     "tool_calls": [a_call("call_3", "get_weather", '{"city": "Paris"}')]},
+    {"role": "tool", "tool_call_id": "call_3", "content": '{"celsius": 21, "sky": "rain"}'},
+]  # fmt: skip
+SYSTEMS = {
+    "no-system": [],
+    "system": [{"role": "system", "content": "Answer briefly."}],
+    "developer": [{"role": "developer", "content": "Answer briefly."}],
+}
+
+
+def serve_prompt(backend, body: dict) -> tuple[str, list[int]]:
+    """The prompt `specdec serve` decodes for `body`: its text and its tokens."""
+    request = ChatCompletionRequest.model_validate(body)
+    request.check_supported()
+    messages, tools = request.chat_messages(None), request.template_tools()
+    return backend.format_chat(messages, tools), encode_chat(backend, messages, tools)
+
+
+def assert_prompt_is_llama_cpps(backend, body: dict) -> None:
+    info = backend.vocab_info()
+    reference = llama_cpp_prompt(backend.chat_template(), body, bos=backend.token_text(info.bos),
+                                 eos=backend.token_text(info.eos))  # fmt: skip
+    text, tokens = serve_prompt(backend, body)
+    assert text == reference
+    assert tokens == encode_template_text(backend, reference)
+
+
+@pytest.fixture(scope="module")
+def printing_target(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("printing") / "printing.gguf",
+                            seed=TARGET_SEED, chat_template=PRINTING_TEMPLATE)  # fmt: skip
+    backend = LlamaBackend(path, n_ctx=512, n_threads=1)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("system", SYSTEMS.values(), ids=SYSTEMS.keys())
+def test_a_tools_result_is_rendered_as_llama_cpp_renders_it(printing_target, system):
+    body = {"messages": [*system, *AGENT_TURNS], "tools": AGENT_TOOLS}
+    assert_prompt_is_llama_cpps(printing_target, body)
+    assert_prompt_is_llama_cpps(printing_target, {"messages": [*system, *AGENT_TURNS]})
+
+
+@pytest.fixture(scope="module")
+def qwen_target(shared_model_cache):
+    """The real 1.5B target (downloaded to the user's cache on first use): its own template."""
+    backend = LlamaBackend(resolve_model("large").path, n_ctx=512, n_threads=1)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", SYSTEMS.values(), ids=SYSTEMS.keys())
+def test_qwens_own_template_renders_a_tools_result_as_in_llama_cpp(qwen_target, system):
+    body = {"messages": [*system, *AGENT_TURNS], "tools": AGENT_TOOLS}
+    assert_prompt_is_llama_cpps(qwen_target, body)
+    assert_prompt_is_llama_cpps(qwen_target, {"messages": [*system, *AGENT_TURNS]})

@@ -89,6 +89,14 @@ def content_text(content: Content | None) -> str:
     return "".join(part.text for part in content)
 
 
+def message_text(content: Content | None) -> str:
+    """A message's text as chat templates get it: text parts one per line, as llama.cpp
+    (and vLLM) join them for templates that take a string."""
+    if isinstance(content, list):
+        return "\n".join(part.text for part in content)
+    return content_text(content)
+
+
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
@@ -350,7 +358,7 @@ class ChatCompletionRequest(_Sampling):
 
 def _template_message(index: int, message: Message) -> dict:
     role = "system" if message.role == "developer" else message.role
-    rendered: dict = {"role": role, "content": content_text(message.content)}
+    rendered: dict = {"role": role, "content": message_text(message.content)}
     if message.tool_calls:
         rendered["tool_calls"] = [
             {

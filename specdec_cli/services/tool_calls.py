@@ -45,10 +45,13 @@ class Function:
         return cls(name, description, parameters or {"type": "object", "properties": {}})
 
     def template_entry(self) -> dict:
-        """As OpenAI sends it, which is what chat templates render."""
-        function: dict = {"name": self.name, "parameters": self.parameters}
-        if self.description:
-            function["description"] = self.description
+        """As llama.cpp hands a tool to chat templates: templates such as Qwen2.5's print it
+        whole (`tool | tojson`), so its key order and empty description are prompt text."""
+        function = {
+            "name": self.name,
+            "description": self.description or "",
+            "parameters": self.parameters,
+        }
         return {"type": "function", "function": function}
 
     def call_schema(self) -> dict:
