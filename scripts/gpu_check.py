@@ -6,8 +6,11 @@ Per model and mode (exact, then fast): decode a 128-token context, then n tokens
 and the same n tokens in one batch (n = 2..32); print the largest logit difference, how many
 rows are bit-identical and how many keep the same top token. Then the steady cost of a decode
 of n tokens (the same n again and again: CUDA graphs stay captured), and the cost of n=1 and of
-n=8 when they alternate, as a drafter's steps and a target's verifications do in one context.
-Exits non-zero if an exact row differs. Ends with one JSON line of everything.
+n=8 when they alternate, as a drafter's steps and a target's verifications do in one context,
+and of the sizes a speculative run's decodes take one after another (RUN_PATTERN), plain and
+padded to multiples of 8 rows (exactness.VERIFY_PADDING), each against its shape's steady cost:
+whether padding keeps every decode within 10% of it, and what it costs. Exits non-zero if an
+exact row differs. Ends with one JSON line of everything.
 
 Run by the GPU kit (scripts/gpu/device.sh) on a machine with a GPU; see README (GPUs).
 """
@@ -25,8 +28,10 @@ from specdec_cli.llama.library import system_info
 
 TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
 INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)
-COST_SIZES = (1, 2, 4, 5, 8, 9, 16, 32, 64)
+COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 16, 32, 64)
 REPEATS = 20
+RUN_PATTERN = (1, 3, 6, 2, 8, 5, 1, 4)  # a target's decodes in a run: steps and verifications
+PADDING = 8
 WARMUP = 3
 
 
@@ -68,6 +73,10 @@ def check(path: str, ngl: int, exact: bool) -> dict:
         found = {"invariance": invariance(backend, context, tail)}
         found["steady_ms"] = {n: timed(backend, context, tail, [n])[n] for n in COST_SIZES}
         found["alternating_ms"] = timed(backend, context, tail, [1, 8])
+        found["run_ms"] = timed(backend, context, tail, RUN_PATTERN)
+        if exact:
+            backend.verify_padding = PADDING
+            found["padded_run_ms"] = timed(backend, context, tail, RUN_PATTERN)
         return found
     finally:
         backend.close()
@@ -85,6 +94,12 @@ def report(key: str, found: dict) -> None:
     print("  as multiples of n=1:", " ".join(f"{n}:{v / steady[1]:.2f}" for n, v in steady.items()))
     alternating = found["alternating_ms"]
     print(f"  n=1 and n=8 alternating: {alternating[1]} and {alternating[8]} ms", flush=True)
+    for key, shape in (("run_ms", lambda n: n), ("padded_run_ms", lambda n: PADDING)):
+        if key in found:
+            ratios = " ".join(
+                f"{n}:{ms}/{ms / steady[shape(n)]:.2f}x" for n, ms in sorted(found[key].items())
+            )
+            print(f"  {key} (ms / against its shape's steady cost): {ratios}", flush=True)
 
 
 def main() -> int:

@@ -63,4 +63,7 @@ bench() {  # target drafter modes tag
 }
 t bench 7b; bench qwen2.5-7b qwen2.5-0.5b oracle,model 7b
 t bench 1.5b; bench qwen2.5-1.5b qwen2.5-0.5b oracle 1.5b
+# Verifications padded to multiples of 8 rows (exactness.VERIFY_PADDING): does keeping one
+# shape pay on this GPU? Compare its oracle with bench-7b's.
+t bench 7b padded; SPECDEC_VERIFY_PADDING=8 bench qwen2.5-7b qwen2.5-0.5b oracle 7b-padded
 t done

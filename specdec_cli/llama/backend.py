@@ -47,16 +47,21 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         exact: bool = False,
         devices: Sequence[int] | None = None,
         tensor_split: Sequence[float] = (),
+        verify_padding: int | None = None,
     ) -> None:
         """`exact`: decode small batches with batch-invariant kernels, so a token's logits do
         not depend on how many tokens share its decode (needs specdec's llama.cpp patch).
         `devices`: the ggml devices that may hold the model's layers (devices.py: this
         machine's, or RPC workers'), all of them unless `n_gpu_layers` says how many, shared
-        as `tensor_split` says; None: every device ggml registered."""
+        as `tensor_split` says; None: every device ggml registered. `verify_padding`: exact
+        verifications padded to a multiple of this many rows (None: the backend's own,
+        library.verify_padding)."""
         if exact:
             _refuse_inexact_placement(n_gpu_layers)
         self.exact = exact
         self._on_this_cpu = devices is None  # not on RPC workers (their kernels may differ)
+        on_gpu = n_gpu_layers != 0 and self._on_this_cpu
+        self.verify_padding = verify_padding or library.verify_padding(on_gpu)
         self.path = Path(path)
         self._model = _load_model(self.path, n_gpu_layers, devices, tensor_split)
         self._refuse_unrollbackable_memory()
@@ -182,6 +187,8 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         ):
             return self._rounds.submit(self._seq, tokens, self._pool, n_logit_rows)
         invariant = self.exact and (generated or self._invariant_prompt_kernels)
+        if invariant and generated and (width := self._padded_width(len(tokens))) > len(tokens):
+            return self._decode_padded(tokens, width)
         if prompt and self.exact and not invariant:
             return self._decode_prompt_aligned(tokens, n_logit_rows)
         size = min(self.n_batch, EXACT_BATCH_ROWS) if invariant else self.n_batch
@@ -193,6 +200,23 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
             rows = n_logit_rows if is_last else 0
             logits = self._decode_chunk(tokens[start:stop], rows, invariant)
         return logits
+
+    def _padded_width(self, n_tokens: int) -> int:
+        """The rows a decode of `n_tokens` generated tokens takes: the next multiple of
+        `verify_padding` (exactness.VERIFY_PADDING), within one invariant batch and the
+        context's room."""
+        width = -(-n_tokens // self.verify_padding) * self.verify_padding
+        room = self.n_ctx - len(self.cached)
+        return max(n_tokens, min(width, EXACT_BATCH_ROWS, self.n_batch, room))
+
+    def _decode_padded(self, tokens: list[int], width: int) -> np.ndarray:
+        """`tokens` decoded as `width` rows: the rows after them repeat the last token and
+        every row's logits are computed, so such decodes share one shape; then the padding's
+        cells are dropped. Rows are invariant, so padding changes none of theirs."""
+        padding = width - len(tokens)
+        logits = self._decode_chunk(tokens + [tokens[-1]] * padding, width, True)
+        self.truncate(len(self.cached) - padding)
+        return logits[: len(tokens)]
 
     @property
     def _invariant_prompt_kernels(self) -> bool:

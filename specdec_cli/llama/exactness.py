@@ -20,6 +20,16 @@ INVARIANT_SWITCHES = {
     "CPU": "ggml_cpu_set_invariant_rows",
     "CUDA": "ggml_backend_cuda_set_invariant_rows",
 }
+# A verification of n rows on a backend is decoded as the next multiple of this many rows (rows
+# repeating its last token, whose logits are dropped and whose cache cells are freed at once),
+# so that the backend sees few batch shapes: llama.cpp reuses its graph only for the shape it
+# built last, and CUDA captures a graph per shape. Invariant kernels make padding change no
+# row's logits. 1: decoded as it is. On the CPU rows cost compute, not graphs. On CUDA, for now
+# 1 as well: there a shape change costs 0.5 ms on a 7B step of 3.8 ms (H200, alternating n=1
+# and n=8: 1.13x its steady cost), while padding 3 rows to 8 would cost about 3 ms with today's
+# invariant kernels (0.63 ms a column beyond the first); it pays once verify(8) nears one step.
+# SPECDEC_VERIFY_PADDING=N sets it for every backend, to measure (scripts/gpu_device.sh).
+VERIFY_PADDING = {"CPU": 1, "CUDA": 1}
 CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 
@@ -60,6 +70,11 @@ class Exactness:
         return [
             name for name in backends if name in INVARIANT_SWITCHES and name not in self._switches
         ]
+
+    def layers_backend(self, on_gpu: bool) -> str:
+        """The backend that decodes a model's layers: the first GPU backend where it has any
+        on this machine's GPUs, else the CPU."""
+        return self._gpu_backends[0] if on_gpu and self._gpu_backends else "CPU"
 
     def set_invariant_rows(self, n_rows: int) -> None:
         """Every backend's switch: batches of up to `n_rows` rows invariant (0: off)."""

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ModelFileError
-from .exactness import GPU_TYPES, Exactness, registered_devices
+from ..errors import BadUsageError, ModelFileError
+from .exactness import GPU_TYPES, VERIFY_PADDING, Exactness, registered_devices
 
 try:
     import llama_cpp
@@ -159,6 +159,21 @@ def _llama_decode(ctx, batch) -> int:
     if _decode_thread is None:
         return llama_cpp.llama_decode(ctx, batch)
     return _decode_thread.run(lambda: llama_cpp.llama_decode(ctx, batch))
+
+
+def verify_padding(on_gpu: bool) -> int:
+    """The multiple of rows a verification is padded to where a model's layers run
+    (exactness.VERIFY_PADDING; SPECDEC_VERIFY_PADDING overrides it, to measure)."""
+    override = os.environ.get("SPECDEC_VERIFY_PADDING", "").strip()
+    if not override:
+        return VERIFY_PADDING.get(_exactness.layers_backend(on_gpu), 1)
+    if not override.isdigit() or not 1 <= int(override) <= EXACT_BATCH_ROWS:
+        raise BadUsageError(
+            f"SPECDEC_VERIFY_PADDING must be a number of rows from 1 to {EXACT_BATCH_ROWS}, "
+            f"not '{override}'.",
+            "Unset it, or set it to 8 to pad each verification to a multiple of 8 rows.",
+        )
+    return int(override)
 
 
 def invariant_prompts() -> bool:
