@@ -197,3 +197,41 @@ def test_a_token_limit_the_context_cannot_hold_is_refused(field):
     assert error.value.status == 400 and error.value.param == field
     assert error.value.code == "invalid_value"
     assert "100000" in error.value.message and "8192" in error.value.message
+
+
+def test_null_is_a_field_left_out():
+    # OpenAI's document lets any optional field be null (tests/test_serve_conformance.py).
+    request = chat(stream=None, stream_options=None, user=None)
+    assert not request.stream and not request.include_usage()
+    streamed = chat(stream=True, stream_options={"include_usage": None})
+    assert not streamed.include_usage()
+
+
+def test_an_integer_may_be_written_as_a_whole_float():
+    request = chat(max_tokens=8.0, seed=3.0, n=1.0)
+    assert request.max_tokens == 8 and request.seed == 3
+    assert refused(max_tokens=8.5).param == "max_tokens"
+    assert refused(max_tokens=True).param == "max_tokens"
+
+
+def test_negative_seeds_are_openais_and_read_as_unsigned():
+    state = ServerState(None, decode_request(), log=None)
+    assert state.settings_for(chat(seed=-1)).seed == 2**64 - 1
+    assert state.settings_for(chat(seed=5)).seed == 5
+    assert refused(seed=-(2**63) - 1).param == "seed"
+
+
+def test_a_tool_message_says_which_call_it_answers():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    asked = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    chat(messages=[*asked, {"role": "tool", "content": "4", "tool_call_id": "c1"}])
+    error = refused(messages=[*asked, {"role": "tool", "content": "4"}])
+    assert error.param == "messages.2.tool_call_id"
+
+
+def test_an_answer_sent_back_as_it_came_is_accepted():
+    # OpenAI's answers, and specdec's, carry "refusal": null; a refusal's text is refused.
+    answered = {"role": "assistant", "content": "hi", "refusal": None}
+    chat(messages=[*USER, answered], safety_identifier="user-1", prompt_cache_key="k")
+    error = refused(messages=[*USER, {**answered, "refusal": "no"}])
+    assert error.param == "messages.1.refusal"

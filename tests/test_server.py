@@ -172,7 +172,7 @@ BAD_REQUESTS = {
     "max_tokens zero": ({**GOOD, "max_tokens": 0}, 400, "max_tokens"),
     "max_tokens as a bool": ({**GOOD, "max_tokens": True}, 400, "max_tokens"),
     "top_p above one": ({**GOOD, "top_p": 1.5}, 400, "top_p"),
-    "negative seed": ({**GOOD, "seed": -1}, 400, "seed"),
+    "a seed beyond 64 bits": ({**GOOD, "seed": 2**63}, 400, "seed"),
     "unknown field": ({**GOOD, "frobnicate": 1}, 400, "frobnicate"),
     "no messages": ({"messages": []}, 400, "messages"),
     "an unknown role": ({"messages": [{"role": "wizard", "content": "x"}]}, 400, None),

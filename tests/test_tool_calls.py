@@ -13,7 +13,7 @@ import pytest
 from click.testing import Result
 from llama_cpp_template import llama_cpp_prompt
 from test_server import KEY, ServerProcess, http
-from tiny_gguf import TARGET_SEED, write_tiny_llama
+from tiny_gguf import TARGET_SEED, TOOLS_TEMPLATE, write_tiny_llama
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -29,18 +29,6 @@ from specdec_cli.services.tool_calls import (
 )
 from specdec_cli.structured import StructureError
 
-# A Hermes-style template of this test's own: the tools in the system turn, earlier calls
-# between the tags, a tool's answer as a `tool` turn.
-TOOLS_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nYou may call:{% for t in tools %} "
-    '{{ t.function.name }}{% endfor %}. Write <tool_call>{"name": ..., "arguments": ...}'
-    "</tool_call>.<|im_end|>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    '{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "'
-    '{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
-    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 WEATHER = {
     "type": "object",
     "properties": {"city": {"enum": ["Paris", "Oslo"]}, "rain": {"type": "boolean"}},

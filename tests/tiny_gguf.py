@@ -64,6 +64,19 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# A Hermes-style template (tool tests): the tools in the system turn, earlier calls
+# between the tags, a tool's answer as a `tool` turn.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call:{% for t in tools %} "
+    '{{ t.function.name }}{% endfor %}. Write <tool_call>{"name": ..., "arguments": ...}'
+    "</tool_call>.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    '{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "'
+    '{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 _WORDS = (
     "the of and to in is it that for on was with as he be at by this had not are but from "
     "or have an they which one you were her all she there would their we him been has when "

@@ -17,15 +17,15 @@ send explicitly, and refused otherwise, so an answer never silently ignores a re
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..services import tool_calls
 from ..structured import Structure, StructureError
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
-MAX_SEED = 2**63 - 1
+SEED_BITS = 64  # OpenAI's seed is a signed 64-bit integer
 
 # ---- errors ---------------------------------------------------------------------------------
 
@@ -69,6 +69,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 # ---- requests -------------------------------------------------------------------------------
 
 
+def _whole(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON Schema, and so OpenAI's API document, counts 8.0 as an integer; strict pydantic would not.
+Integer = Annotated[int, BeforeValidator(_whole)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -103,6 +111,9 @@ class Message(_Strict):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool's answer: to which call
+    # An answer's message sent back as it came (its "refusal" is null); a refusal's text is
+    # refused, as it would be ignored.
+    refusal: None = None
 
 
 class FunctionCallIn(_Strict):
@@ -138,7 +149,7 @@ class NamedToolChoice(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool | None = None
     include_obfuscation: bool | None = None  # padding against side channels: nothing to pad
 
 
@@ -149,7 +160,7 @@ class Prediction(_Strict):
 
 class JsonSchemaFormat(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # as OpenAI's
     description: str | None = None
     json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
     strict: bool | None = None  # the answer matches the schema either way
@@ -184,21 +195,21 @@ class _Sampling(_Strict):
     """Fields both endpoints take. None means: the server's default (its command line)."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Integer | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # llama.cpp's extension; 0: all tokens
+    top_k: Integer | None = Field(None, ge=0)  # llama.cpp's extension; 0: all tokens
     min_p: float | None = Field(None, ge=0.0, le=1.0)  # llama.cpp's extension
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    seed: Integer | None = Field(None, ge=-(2 ** (SEED_BITS - 1)), lt=2 ** (SEED_BITS - 1))
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = None  # null: not streamed, as when left out
     stream_options: StreamOptions | None = None
     prediction: Prediction | None = None
     # llama-server's structured outputs (GBNF; a JSON schema), on both endpoints.
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     # OpenAI fields accepted at their neutral value only (see the module docstring).
-    n: int | None = None
+    n: Integer | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -206,6 +217,8 @@ class _Sampling(_Strict):
     # Clients send these for bookkeeping; they change nothing in the answer.
     metadata: dict[str, str] | None = None
     store: bool | None = None
+    safety_identifier: str | None = None  # OpenAI's `user`, renamed
+    prompt_cache_key: str | None = None  # specdec's caches are kept per key (--api-key)
     service_tier: str | None = None  # a processing tier: one model thread has only one
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -213,6 +226,10 @@ class _Sampling(_Strict):
         if len(stops) > MAX_STOP_STRINGS:
             raise bad_request(f"stop takes at most {MAX_STOP_STRINGS} strings.", "stop")
         return tuple(s for s in stops if s)
+
+    def engine_seed(self) -> int | None:
+        """The engine's seeds are not negative: the seed's 64 bits, read unsigned."""
+        return None if self.seed is None else self.seed % 2**SEED_BITS
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -262,9 +279,9 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Integer | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Integer | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -336,6 +353,11 @@ class ChatCompletionRequest(_Sampling):
         for i, message in enumerate(self.messages):
             if message.content is None and message.role != "assistant":
                 raise bad_request(f"messages[{i}].content is required.", f"messages.{i}.content")
+            if message.tool_call_id is None and message.role == "tool":
+                raise bad_request(
+                    f"messages[{i}].tool_call_id is required: which call this answers.",
+                    f"messages.{i}.tool_call_id",
+                )
         self.chat_messages(None)  # earlier calls' arguments parse
 
     def _check_tools(self) -> None:
@@ -388,8 +410,8 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]  # OpenAI's four forms
     echo: bool | None = None
     suffix: str | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
+    best_of: Integer | None = None
+    logprobs: Integer | None = None
 
     def token_limit(self) -> int | None:
         return self.max_tokens

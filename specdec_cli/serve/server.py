@@ -126,7 +126,7 @@ class ServerState:
             max_tokens=request.token_limit() or base.max_tokens,
             stop=base.stop if request.stop is None else request.stop_strings(),
             sampling=replace(base.sampling, **given),
-            seed=base.seed if request.seed is None else request.seed,
+            seed=base.seed if request.seed is None else request.engine_seed(),
             structure=request.structure(),
         )
 
@@ -294,7 +294,7 @@ async def _complete(
     try:
         owner = state.authorize(request)
         parsed = parse_request(await _read_body(request), request_type)
-        record.stream = parsed.stream
+        record.stream = bool(parsed.stream)
         if isinstance(parsed, ChatCompletionRequest) and (functions := parsed.functions()):
             names = [function.name for function in functions]
             shape = ToolCallShape(names, parallel=parsed.parallel_tool_calls is not False)
