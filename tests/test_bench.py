@@ -11,10 +11,12 @@ import json
 from pathlib import Path
 
 import pytest
+from bench_requests import bench_request
 from typer.testing import CliRunner
 
 from specdec_cli.bench import bench, bench_configs, bench_prompts, bench_report, bench_stats
 from specdec_cli.decoding.engine import FinishReason, GenerationStats
+from specdec_cli.decoding.modes import DrafterMode
 from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.decoding.verification import SamplingRule
@@ -23,6 +25,7 @@ from specdec_cli.models.checksums import cached_sha256
 from specdec_cli.request import HardwareOptions
 
 runner = CliRunner()
+drafters = bench_configs.parse_drafters
 
 PROMPTS_YAML = """\
 prompts:
@@ -148,10 +151,10 @@ def test_draft_max_list_and_configurations():
             bench_configs.parse_int_list(bad, "--draft-max")
     with pytest.raises(BadUsageError, match="longest draft, 63"):
         bench_configs.parse_int_list("8,64", "--draft-max", largest=63)
-    configs = bench_configs.configurations([4, 2, 4], ["model"])
+    configs = bench_configs.configurations([4, 2, 4], drafters("model"))
     assert [(c.label, c.draft_max) for c in configs] == [("model k=4", 4), ("model k=2", 2)]
     with pytest.raises(BadUsageError, match="unknown drafter"):
-        bench_configs.configurations([4], modes=["telepathy"])
+        drafters("telepathy")
 
 
 # --- statistics -----------------------------------------------------------------------------
@@ -374,11 +377,11 @@ class InterruptAfter:
 
 def test_interrupt_keeps_the_finished_runs(tiny_models, tmp_path):
     prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))
-    request = bench.BenchRequest(
-        target=Path(tiny_models.target),
-        draft=Path(tiny_models.close_drafter),
-        prompts=prompts,
-        configurations=bench_configs.configurations([3]),
+    request = bench_request(
+        tiny_models.target,
+        tiny_models.close_drafter,
+        prompts,
+        bench_configs.configurations([3]),
         repeats=2,
         warmup_tokens=0,
         hardware=HardwareOptions(ctx_size=512),
@@ -395,11 +398,11 @@ def test_interrupt_keeps_the_finished_runs(tiny_models, tmp_path):
 
 def test_sampled_runs_with_the_classic_rule_have_no_output_check(tiny_models, tmp_path):
     prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:1]
-    request = bench.BenchRequest(
-        target=Path(tiny_models.target),
-        draft=Path(tiny_models.close_drafter),
-        prompts=prompts,
-        configurations=bench_configs.configurations([4]),
+    request = bench_request(
+        tiny_models.target,
+        tiny_models.close_drafter,
+        prompts,
+        bench_configs.configurations([4]),
         repeats=1,
         warmup_tokens=0,
         sampling=SamplingSettings(temperature=0.8),
@@ -417,11 +420,11 @@ def test_prompt_that_never_fits_is_an_error_before_measuring(tiny_models, tmp_pa
     prompts = bench_prompts.load_prompts(
         write(tmp_path, "p.yaml", (f"- {{id: huge, category: qa, text: '{'the ' * 400}'}}\n"))
     )
-    request = bench.BenchRequest(
-        target=Path(tiny_models.target),
-        draft=Path(tiny_models.close_drafter),
-        prompts=prompts,
-        configurations=bench_configs.configurations([4]),
+    request = bench_request(
+        tiny_models.target,
+        tiny_models.close_drafter,
+        prompts,
+        bench_configs.configurations([4]),
         hardware=HardwareOptions(ctx_size=256),
     )
     report = bench.run_bench(request)  # the warm-up tokenises the first prompt
@@ -469,11 +472,11 @@ def test_an_exact_bench_shows_the_decode_costs_of_both_kernels(tiny_models, tmp_
 @pytest.mark.slow  # a whole bench on the tiny models (make test-fast: a third of make test)
 def test_sampled_runs_with_the_invariant_rule_give_the_target_alones_answer(tiny_models, tmp_path):
     prompts = bench_prompts.load_prompts(write(tmp_path, "p.yaml", PROMPTS_YAML))[:2]
-    request = bench.BenchRequest(
-        target=Path(tiny_models.target),
-        draft=Path(tiny_models.close_drafter),
-        prompts=prompts,
-        configurations=bench_configs.configurations([4], ["fixed", "combined"], exact=True),
+    request = bench_request(
+        tiny_models.target,
+        tiny_models.close_drafter,
+        prompts,
+        bench_configs.configurations([4], drafters("fixed,combined"), exact=True),
         repeats=2,
         warmup_tokens=0,
         sampling=SamplingSettings(temperature=0.8),
@@ -544,13 +547,13 @@ def test_prediction_modes_use_the_prompts_prediction(tiny_models, tmp_path):
         )
     )
     assert prompts[0].prediction
-    configurations = bench_configs.configurations(None, ["ngram", "ngram+prediction"])
+    configurations = bench_configs.configurations(None, drafters("ngram,ngram+prediction"))
     assert [c.prediction for c in configurations] == [False, True]
     base = bench.GenerationSettings(prediction=(1, 2, 3))
     assert configurations[0].settings(base).prediction == ()
     assert configurations[1].settings(base).prediction == (1, 2, 3)
     with pytest.raises(BadUsageError, match="fixed\\+prediction"):
-        bench_configs.configurations(None, ["fixed+prediction"])
+        drafters("fixed+prediction")
 
 
 def test_the_target_alone_makes_one_token_per_pass_when_its_answer_ends_at_eos():
@@ -562,15 +565,16 @@ def test_the_target_alone_makes_one_token_per_pass_when_its_answer_ends_at_eos()
 
 
 def test_history_modes_parse_and_only_adaptive_modes_take_them():
-    assert bench_configs.split_mode("combined+history") == ("combined", False, True)
-    assert bench_configs.split_mode("ngram+prediction+history") == ("ngram", True, True)
-    assert bench_configs.split_mode("ngram+history+prediction") == ("ngram", True, True)
-    assert [c.history for c in bench_configs.configurations(None, ["ngram", "ngram+history"])] == [
-        False,
-        True,
+    ngram = bench_configs.BenchDrafter(DrafterMode.NGRAM, prediction=True, history=True)
+    assert drafters("combined+history") == [
+        bench_configs.BenchDrafter(DrafterMode.COMBINED, history=True)
     ]
+    assert drafters("ngram+prediction+history") == drafters("ngram+history+prediction") == [ngram]
+    assert ngram.name == "ngram+prediction+history"
+    configurations = bench_configs.configurations(None, drafters("ngram,ngram+history"))
+    assert [c.history for c in configurations] == [False, True]
     with pytest.raises(BadUsageError, match="fixed\\+history"):
-        bench_configs.configurations(None, ["fixed+history"])
+        drafters("fixed+history")
 
 
 def test_the_built_in_sessions_repeat_across_requests():

@@ -16,8 +16,6 @@ configuration's tokens/s over the target alone's in the same repeat.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from ..decoding.backend import Backend, SwitchableKernels
@@ -32,21 +30,21 @@ from ..decoding.engine import (
 )
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import costs_of, measure_pair_costs
-from ..decoding.sampling import SamplingSettings
 from ..errors import EXIT_INTERRUPTED, BadUsageError, SpecdecError
-from ..models.loading import ModelPair, fit_context, load_drafter, load_pair
-from ..request import HardwareOptions
+from ..models.loading import ModelLoader, ModelPair, load_with_llama_cpp
+from ..services.lifecycle import loaded_pair
 from ..services.prompting import check_prompt_fits, prediction_tokens
 from .bench_configs import (
     EXACT_ALONE,
-    ORACLE,
     TARGET_ALONE,
+    BenchOnly,
     Configuration,
     make_drafter,
 )
 from .bench_machine import machine_info, model_record, timestamp
 from .bench_prompts import BenchPrompt
 from .bench_report import BenchReport, OutputCheck, RunRecord
+from .bench_request import BenchRequest
 
 
 class BenchProgress(Protocol):
@@ -64,80 +62,57 @@ class NoProgress:
         pass
 
 
-@dataclass(frozen=True)
-class BenchRequest:
-    target: Path
-    draft: Path | None
-    prompts: list[BenchPrompt]
-    configurations: list[Configuration]
-    extra_drafts: dict[str, Path] = field(default_factory=dict)  # compared in the same run
-    prompts_source: str = "built-in suite"
-    repeats: int = 3
-    warmup_tokens: int = 16
-    max_tokens: int | None = None  # caps every prompt's own max_tokens
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    seed: int = 0
-    raw: bool = False
-    system: str | None = None
-    hardware: HardwareOptions = field(default_factory=HardwareOptions)
-    force_incompatible: bool = False
-    rule: SamplingRule = SamplingRule.INVARIANT
-
-    def max_tokens_for(self, prompt: BenchPrompt) -> int:
-        return min(prompt.max_tokens, self.max_tokens or prompt.max_tokens)
-
-    def settings_record(self) -> dict:
-        return {
-            "target": str(self.target),
-            "draft": None if self.draft is None else str(self.draft),
-            "extra_drafts": {name: str(path) for name, path in self.extra_drafts.items()},
-            "prompts": self.prompts_source,
-            "prompt_ids": [p.id for p in self.prompts],
-            "configurations": [c.as_dict() for c in self.configurations],
-            "repeats": self.repeats,
-            "warmup_tokens": self.warmup_tokens,
-            "max_tokens": self.max_tokens,
-            "sampling": asdict(self.sampling),
-            "seed": self.seed,
-            "rule": self.rule.value,
-            "raw": self.raw,
-            "system": self.system,
-            "hardware": asdict(self.hardware),
-        }
-
-
-def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> BenchReport:
-    """Load the pair, describe it and the machine, then measure. Failures while loading are
-    ordinary errors; once measuring starts, see `measure`."""
+def run_bench(
+    request: BenchRequest,
+    progress: BenchProgress | None = None,
+    loader: ModelLoader = load_with_llama_cpp,
+) -> BenchReport:
+    """Load the pair as every command does (services/lifecycle.py), describe it and the
+    machine, then measure; the costs the drafting runs measured are written back for the
+    next command. Failures while loading are ordinary errors; once measuring starts, see
+    `measure`."""
     progress = progress or NoProgress()
     if not request.prompts:
         raise BadUsageError("no prompts to run.", "Check --category and --per-category.")
     progress.stage("loading models")
-    pair = load_pair(request.target, request.draft, request.hardware, request.force_incompatible)
-    fit_context(pair, request.hardware, _context_needed(pair.target, request))
-    for name, path in request.extra_drafts.items():
-        drafter, by_text = load_drafter(
-            pair.target, path, request.hardware, request.force_incompatible
-        )
-        pair.add_drafter(drafter, by_text, name)
-    progress.stage("timing decodes")
+    with loaded_pair(request.decode, loader) as loaded:
+        pair = loaded.pair
+        loaded.prepare(_context_needed(pair.target, request))
+        for name, path in request.extra_drafts.items():
+            loaded.add_drafter(name, path)
+        progress.stage("timing decodes")
+        costs_fast = _measure_costs(pair, request.decode.hardware.exact)
+        for configuration in request.configurations:
+            make_drafter(configuration, pair)  # an unusable configuration fails before measuring
+        progress.stage("hashing model files")
+        models = _model_records(pair, request)
+        machine = machine_info(request.decode.hardware, pair.target.n_ctx)
+        pooled = pair.costs.fresh() if pair.costs is not None else None
+        loaded.measured = pooled
+        report = measure(pair, request, progress, pooled, models=models, machine=machine)
+    report.costs_fast = costs_fast
+    return report
+
+
+def _measure_costs(pair: ModelPair, exact: bool) -> dict | None:
+    """Time every drafter beside the target, once for the whole bench; in exact mode also
+    the target with llama.cpp's own kernels (returned, for the report)."""
     pair.costs = measure_pair_costs(pair.target, pair.drafter, pair.drafts_by_text(pair.drafter))
-    costs_fast = _fast_kernel_costs(pair) if request.hardware.exact else None
+    costs_fast = _fast_kernel_costs(pair) if exact else None
     for name, (drafter, _) in pair.alternates.items():
         costs = measure_pair_costs(pair.target, drafter, pair.drafts_by_text(drafter))
         pair.alternates[name] = (drafter, costs)
-    for configuration in request.configurations:
-        make_drafter(configuration, pair)  # an unusable configuration fails before measuring
-    progress.stage("hashing model files")
-    models = {"target": model_record(pair.target, request.target)}
-    if pair.drafter is not None and request.draft is not None:
-        models["draft"] = model_record(pair.drafter, request.draft)
+    return costs_fast
+
+
+def _model_records(pair: ModelPair, request: BenchRequest) -> dict:
+    decode = request.decode
+    models = {"target": model_record(pair.target, decode.target)}
+    if pair.drafter is not None and decode.draft is not None:
+        models["draft"] = model_record(pair.drafter, decode.draft)
     for name, path in request.extra_drafts.items():
         models[f"draft:{name}"] = model_record(pair.alternates[name][0], path)
-    machine = machine_info(request.hardware, pair.target.n_ctx)
-    report = measure(pair, request, progress, models=models, machine=machine)
-    report.costs_fast = costs_fast
-    return report
+    return models
 
 
 def _fast_kernel_costs(pair: ModelPair) -> dict:
@@ -160,7 +135,7 @@ def switch_kernels(target: Backend, exact: bool) -> None:
 def _context_needed(target: Backend, request: BenchRequest) -> int:
     """Room for the longest prompt and its answer."""
     return max(
-        len(prompt.tokens(target, raw=request.raw, system=request.system))
+        len(prompt.tokens(target, raw=request.raw, system=request.decode.system))
         + request.max_tokens_for(prompt)
         for prompt in request.prompts
     )
@@ -170,12 +145,14 @@ def measure(
     pair: ModelPair,
     request: BenchRequest,
     progress: BenchProgress,
+    pooled: CostModel | None = None,
     *,
     models: dict | None = None,
     machine: dict | None = None,
 ) -> BenchReport:
     """Warm up, then run the plan. A Ctrl-C or a SpecdecError (a model lost, a context
-    overflow) ends it early: the report keeps what was measured and lists what is missing."""
+    overflow) ends it early: the report keeps what was measured and lists what is missing.
+    The timed decodes of runs that draft with the main draft model go into `pooled`."""
     report = BenchReport(
         settings=request.settings_record(),
         prompts=list(request.prompts),
@@ -184,7 +161,6 @@ def measure(
         models=models or {},
         machine=machine or {},
     )
-    pooled = pair.costs.fresh() if pair.costs is not None else None
     references: References = {}
     try:
         _warm_up(pair, request, progress)
@@ -215,17 +191,17 @@ def _warm_up(pair: ModelPair, request: BenchRequest, progress: BenchProgress) ->
     if request.warmup_tokens <= 0:
         return
     prompt = request.prompts[0]
-    tokens = prompt.tokens(pair.target, raw=request.raw, system=request.system)
+    tokens = prompt.tokens(pair.target, raw=request.raw, system=request.decode.system)
     check_prompt_fits(tokens, pair.target.n_ctx)
     base = GenerationSettings(
         max_tokens=min(request.warmup_tokens, request.max_tokens_for(prompt)),
-        sampling=request.sampling,
-        seed=request.seed,
-        rule=request.rule,
+        sampling=request.decode.sampling,
+        seed=request.seed(0),
+        rule=request.decode.rule,
     )
     for label, configuration in _sides(request):
         progress.stage(f"warming up · {label}")
-        exact = configuration is not None and request.hardware.exact
+        exact = configuration is not None and request.decode.hardware.exact
         _generate(pair, tokens, base, configuration, NoProgress(), exact)
 
 
@@ -241,11 +217,11 @@ def _measure_prompt(
     """Every side and repeat of one prompt; the target alone's answers (the reference the
     oracle drafts and later requests of a session remember) go into `references`, the
     timed decodes of runs that drafted with the main draft model into `pooled`."""
-    tokens = prompt.tokens(pair.target, raw=request.raw, system=request.system)
+    tokens = prompt.tokens(pair.target, raw=request.raw, system=request.decode.system)
     check_prompt_fits(tokens, pair.target.n_ctx)
     report.prompt_tokens[prompt.id] = len(tokens)
     for repeat in range(request.repeats):
-        seed = request.seed + repeat  # both sides of a repeat sample with the same seed
+        seed = request.seed(repeat)  # both sides of a repeat sample with the same seed
         base = _settings(pair, request, prompt, seed)
         wanted = any(c.history for c in request.configurations)
         history = (
@@ -253,7 +229,7 @@ def _measure_prompt(
         )
         for label, configuration in _sides(request):
             progress.stage(f"{prompt.id} · {label} · {repeat + 1}/{request.repeats}")
-            exact = configuration is not None and request.hardware.exact
+            exact = configuration is not None and request.decode.hardware.exact
             answer = _oracle_answer(configuration, references, prompt, repeat)
             warmed = _serve_previous(pair, request, prompt, repeat, configuration, references)
             finished, costs = _generate(
@@ -278,7 +254,7 @@ def _measure_prompt(
                     prompt.valid(finished.text),
                 )
             )
-    if request.sampling.greedy or request.rule == SamplingRule.INVARIANT:
+    if request.decode.sampling.greedy or request.decode.rule == SamplingRule.INVARIANT:
         for configuration in request.configurations:
             reference = _reference(request, configuration)
             report.checks[(prompt.id, configuration.label)] = _check(
@@ -295,9 +271,9 @@ def _settings(
 ) -> GenerationSettings:
     return GenerationSettings(
         max_tokens=request.max_tokens_for(prompt),
-        sampling=request.sampling,
+        sampling=request.decode.sampling,
         seed=seed,
-        rule=request.rule,
+        rule=request.decode.rule,
         prediction=prediction_tokens(pair.target, prompt.prediction),
         structure=prompt.structure(),
     )
@@ -310,7 +286,7 @@ def _oracle_answer(
     repeat: int,
 ) -> list[int]:
     """What the oracle drafts on this side (nothing on the others)."""
-    oracle = configuration is not None and configuration.drafter == ORACLE
+    oracle = configuration is not None and configuration.drafter == BenchOnly.ORACLE
     return references.get((prompt.id, repeat), []) if oracle else []
 
 
@@ -328,10 +304,10 @@ def _serve_previous(
     previous = _previous_in_session(request, prompt) if prompt.warm else None
     if previous is None:
         return False
-    tokens = previous.tokens(pair.target, raw=request.raw, system=request.system)
+    tokens = previous.tokens(pair.target, raw=request.raw, system=request.decode.system)
     check_prompt_fits(tokens, pair.target.n_ctx)
-    base = _settings(pair, request, previous, request.seed + repeat)
-    exact = configuration is not None and request.hardware.exact
+    base = _settings(pair, request, previous, request.seed(repeat))
+    exact = configuration is not None and request.decode.hardware.exact
     answer = _oracle_answer(configuration, references, previous, repeat)
     history = None
     if configuration is not None and configuration.history:
@@ -370,7 +346,7 @@ def _session_history(
             break
         if earlier.session == prompt.session:
             answer = references.get((earlier.id, repeat), [])
-            earlier_prompt = earlier.tokens(target, raw=request.raw, system=request.system)
+            earlier_prompt = earlier.tokens(target, raw=request.raw, system=request.decode.system)
             history.add([*earlier_prompt, *answer])
     return history
 
@@ -383,7 +359,7 @@ def _reference(request: BenchRequest, configuration: Configuration) -> str:
 def _drafted_reference(request: BenchRequest) -> str:
     """The target alone that drafting configurations must agree with."""
     labels = {c.label for c in request.configurations}
-    return EXACT_ALONE if request.hardware.exact and EXACT_ALONE in labels else TARGET_ALONE
+    return EXACT_ALONE if request.decode.hardware.exact and EXACT_ALONE in labels else TARGET_ALONE
 
 
 def _generate(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 
 from ..decoding.costs import CostModel
 from ..decoding.drafters import Draft, Drafter, DraftSource, Outcome, ngram_draft
@@ -14,7 +15,6 @@ from ..decoding.modes import (
     DrafterMode,
     build_drafter,
     default_draft_max,
-    needs_draft_model,
     use_history,
 )
 from ..decoding.policy import ADAPTIVE_DRAFT_LIMIT
@@ -22,11 +22,69 @@ from ..decoding.sampling import SamplingSettings, TokenChooser
 from ..errors import BadUsageError
 from ..models.loading import ModelPair
 
+
+class BenchOnly(str, Enum):
+    """Drafting modes only bench offers: measuring instruments, not ways to answer."""
+
+    __str__ = str.__str__  # shown as "oracle", as DrafterMode's values are
+
+    ORACLE = "oracle"  # drafts the target alone's own answer: the ceiling
+
+
+BenchMode = DrafterMode | BenchOnly
+
 TARGET_ALONE = "target alone"  # always llama.cpp's default kernels: the speed to beat
 EXACT_ALONE = "target alone, exact"  # batch-invariant kernels: the answer exact mode keeps
-ORACLE = "oracle"  # a drafting mode only bench offers: drafts the target alone's own answer
+ORACLE = str(BenchOnly.ORACLE)  # the oracle's label
 BENCH_MODES = (*DRAFTER_MODES, ORACLE)
 INSTRUMENTS = (EXACT_ALONE, ORACLE)  # measured for reference, never "the best configuration"
+
+PREDICTION_SUFFIX = "+prediction"
+HISTORY_SUFFIX = "+history"
+
+
+@dataclass(frozen=True)
+class BenchDrafter:
+    """One --drafter entry: a mode, and whether its drafts may also follow the prompts'
+    predictions and the session's history (adaptive modes only)."""
+
+    mode: BenchMode
+    prediction: bool = False
+    history: bool = False
+
+    @property
+    def name(self) -> str:
+        """As --drafter spells it: 'combined+prediction+history'."""
+        suffixes = (PREDICTION_SUFFIX,) * self.prediction + (HISTORY_SUFFIX,) * self.history
+        return str(self.mode) + "".join(suffixes)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return isinstance(self.mode, DrafterMode) and self.mode.needs_draft_model
+
+    @classmethod
+    def parse(cls, text: str) -> BenchDrafter:
+        """'ngram+history+prediction' -> BenchDrafter(NGRAM, prediction=True, history=True)."""
+        mode, suffixes = text, set[str]()
+        ends = (PREDICTION_SUFFIX, HISTORY_SUFFIX)
+        while suffix := next((end for end in ends if mode.endswith(end)), ""):
+            mode, suffixes = mode[: -len(suffix)], suffixes | {suffix}
+        follows = bool(suffixes)
+        if mode not in BENCH_MODES or (follows and mode in (DrafterMode.FIXED, ORACLE)):
+            raise BadUsageError(
+                f"unknown drafter '{text}'.",
+                f"Use one of {', '.join(BENCH_MODES)}; an adaptive mode (combined, model, ngram) "
+                f"may end in {PREDICTION_SUFFIX} to follow the prompts' predictions and in "
+                f"{HISTORY_SUFFIX} to draft from the session's earlier requests.",
+            )
+        typed: BenchMode = BenchOnly(mode) if mode == ORACLE else DrafterMode(mode)
+        return cls(typed, PREDICTION_SUFFIX in suffixes, HISTORY_SUFFIX in suffixes)
+
+
+def parse_drafters(text: str) -> list[BenchDrafter]:
+    """--drafter's list, each entry checked; an entry given twice is compared once."""
+    entries = [BenchDrafter.parse(entry.strip()) for entry in text.split(",") if entry.strip()]
+    return list(dict.fromkeys(entries))
 
 
 @dataclass(frozen=True)
@@ -34,7 +92,7 @@ class Configuration:
     """One way of running speculatively: a drafting mode and its settings, under a label."""
 
     label: str
-    drafter: str = "combined"  # the drafting mode; see adaptive.build_drafter
+    drafter: BenchMode = DrafterMode.COMBINED  # the drafting mode; see modes.build_drafter
     draft_max: int = 8
     draft_model: str | None = None  # one of the extra drafters by name; None: the main one
     prediction: bool = False  # drafts may follow the prompt's prediction (Predicted Outputs)
@@ -50,27 +108,28 @@ class Configuration:
 
 def configurations(
     draft_max: Sequence[int] | None,
-    modes: Sequence[str] = ("combined",),
+    drafters: Sequence[BenchDrafter] = (BenchDrafter(DrafterMode.COMBINED),),
     extra_drafts: Sequence[str] = (),
     exact: bool = False,
 ) -> list[Configuration]:
-    """Every mode at every draft length, in that order (a --draft-max sweep is one axis);
-    without lengths, each mode at its default. Modes that use a draft model run once more
+    """Every drafter at every draft length, in that order (a --draft-max sweep is one axis);
+    without lengths, each at its mode's default. Modes that use a draft model run once more
     with each extra drafter. Exact benches first run the target alone with the exact
     kernels: what exactness costs, and the answer every exact configuration must give."""
-    for mode in modes:
-        check_bench_mode(mode)
     found = [Configuration(EXACT_ALONE, DrafterMode.NONE, 1)] if exact else []
-    for mode_name in modes:
-        mode, predicted, history = split_mode(mode_name)
-        drafts = [None, *extra_drafts] if needs_draft_model(mode) else [None]
+    for drafter in drafters:
+        if drafter.mode == BenchOnly.ORACLE:  # its lengths come from the cost table
+            found.append(Configuration(ORACLE, BenchOnly.ORACLE, ADAPTIVE_DRAFT_LIMIT))
+            continue
+        drafts = [None, *extra_drafts] if drafter.needs_draft_model else [None]
         for draft in drafts:
-            if mode == ORACLE:  # its lengths come from the cost table, as long as pays
-                found.append(Configuration(ORACLE, ORACLE, ADAPTIVE_DRAFT_LIMIT))
-                continue
-            for k in dict.fromkeys(draft_max or [default_draft_max(mode)]):
-                label = f"{mode_name} k={k}" + (f" ({draft})" if draft else "")
-                found.append(Configuration(label, mode, k, draft, predicted, history))
+            for k in dict.fromkeys(draft_max or [default_draft_max(drafter.mode)]):
+                label = f"{drafter.name} k={k}" + (f" ({draft})" if draft else "")
+                found.append(
+                    Configuration(
+                        label, drafter.mode, k, draft, drafter.prediction, drafter.history
+                    )
+                )
     return found
 
 
@@ -106,37 +165,6 @@ class OracleDrafter:
         pass
 
 
-PREDICTION_SUFFIX = "+prediction"
-HISTORY_SUFFIX = "+history"
-
-
-def split_mode(name: str) -> tuple[str, bool, bool]:
-    """'combined+prediction+history' -> ('combined', True, True): the mode, whether its
-    drafts may follow the prompt's prediction, and the session's history."""
-    mode, suffixes = name, set[str]()
-    while suffix := next((s for s in (PREDICTION_SUFFIX, HISTORY_SUFFIX) if mode.endswith(s)), ""):
-        mode, suffixes = mode[: -len(suffix)], suffixes | {suffix}
-    return mode, PREDICTION_SUFFIX in suffixes, HISTORY_SUFFIX in suffixes
-
-
-def parse_modes(text: str) -> tuple[list[str], bool]:
-    """--drafter's list (each checked), and whether any of them drafts with a draft model."""
-    modes = [check_bench_mode(mode.strip()) for mode in text.split(",") if mode.strip()]
-    return modes, any(needs_draft_model(split_mode(mode)[0]) for mode in modes)
-
-
-def check_bench_mode(name: str) -> str:
-    mode, predicted, history = split_mode(name)
-    if mode not in BENCH_MODES or ((predicted or history) and mode in (DrafterMode.FIXED, ORACLE)):
-        raise BadUsageError(
-            f"unknown drafter '{name}'.",
-            f"Use one of {', '.join(BENCH_MODES)}; an adaptive mode (combined, model, ngram) "
-            f"may end in {PREDICTION_SUFFIX} to follow the prompts' predictions and in "
-            f"{HISTORY_SUFFIX} to draft from the session's earlier requests.",
-        )
-    return name
-
-
 def make_drafter(
     configuration: Configuration,
     pair: ModelPair,
@@ -147,21 +175,23 @@ def make_drafter(
     go). The pair's costs, measured once per bench, spare each run its own timing probe.
     `reference`: the target alone's answer in this repeat, for the oracle; `history`: the
     session's earlier prompts and answers, for "+history" modes."""
-    if configuration.drafter == DrafterMode.NONE:
+    mode = configuration.drafter
+    if mode == DrafterMode.NONE:
         return None
-    if configuration.drafter == ORACLE:
+    if mode == BenchOnly.ORACLE:
         assert pair.costs is not None  # measured before any run
         return OracleDrafter(tuple(reference), pair.costs)
+    assert isinstance(mode, DrafterMode)
     drafter, costs = pair.drafter, pair.costs
     if configuration.draft_model is not None:
         drafter, costs = pair.alternates[configuration.draft_model]
-    if needs_draft_model(configuration.drafter) and drafter is None:
+    if mode.needs_draft_model and drafter is None:
         raise BadUsageError(
             f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
         )
     fresh = costs.fresh() if costs is not None else None  # each run learns on its own copy
     by_text = pair.drafts_by_text(drafter)
-    built = build_drafter(configuration.drafter, pair.target, drafter, fresh, by_text)
+    built = build_drafter(mode, pair.target, drafter, fresh, by_text)
     use_history(built, history if configuration.history else None)
     return built
 

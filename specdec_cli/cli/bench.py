@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
+from ..decoding.modes import DrafterMode
 from ..decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from ..decoding.sampling import SamplingSettings
+from ..request import DecodeRequest
 from .app import app, user_errors
 from .options import (
     DEFAULT_EXACT,
@@ -111,6 +113,7 @@ def bench(
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
     from ..bench import bench as bench_lib
     from ..bench import bench_configs, bench_prompts, bench_report, render_bench
+    from ..bench.bench_request import BenchRequest
 
     with user_errors():
         hardware = hardware_options(
@@ -123,16 +126,32 @@ def bench(
             rpc_endpoints=rpc,
             tensor_split=tensor_split,
         )
-        modes, needs_model = bench_configs.parse_modes(drafter)
+        drafters = bench_configs.parse_drafters(drafter)
         drafts = draft.split(",") if draft else []
         main_draft, extra_drafts = (drafts[0] if drafts else None), drafts[1:]
         target_path, draft_path = resolve_models(
-            target, main_draft, models=models, offline=offline, needs_draft_model=needs_model
+            target,
+            main_draft,
+            models=models,
+            offline=offline,
+            needs_draft_model=any(d.needs_draft_model for d in drafters),
         )
-        request = bench_lib.BenchRequest(
+        decode = DecodeRequest(
             target=target_path,
             draft=draft_path,
-            extra_drafts=resolve_extra_drafts(extra_drafts, models=models, offline=offline),
+            drafter_mode=DrafterMode.NONE,  # each configuration makes its own drafter
+            system=system,
+            sampling=SamplingSettings(temp, top_k, top_p, min_p),
+            seed=seed,
+            max_tokens=max_tokens or 0,  # a cap on every prompt's own; 0: none
+            stop=(),
+            draft_max=ADAPTIVE_DRAFT_LIMIT,  # each configuration has its own
+            hardware=hardware,
+            force_incompatible=force,
+            rule=rule,
+        )
+        request = BenchRequest(
+            decode=decode,
             prompts=bench_prompts.select_prompts(
                 bench_prompts.load_prompts(prompts), category or (), per_category
             ),
@@ -140,21 +159,15 @@ def bench(
                 bench_configs.parse_int_list(draft_max, "--draft-max", ADAPTIVE_DRAFT_LIMIT)
                 if draft_max
                 else None,
-                modes,
+                drafters,
                 [draft_label(name) for name in extra_drafts],
                 exact=exact,
             ),
+            extra_drafts=resolve_extra_drafts(extra_drafts, models=models, offline=offline),
             prompts_source=str(prompts) if prompts else "built-in suite",
             repeats=repeats,
             warmup_tokens=warmup,
-            max_tokens=max_tokens,
-            sampling=SamplingSettings(temp, top_k, top_p, min_p),
-            seed=seed,
             raw=raw,
-            system=system,
-            hardware=hardware,
-            force_incompatible=force,
-            rule=rule,
         )
         bench_report.check_output_paths(json_file, markdown_file)
         with render_bench.progress_display() as progress:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..decoding.adaptive import AdaptiveDrafter
 from ..decoding.costs import CostModel, shared_pass_costs
@@ -14,7 +15,14 @@ from ..decoding.drafters import Drafter
 from ..decoding.modes import DrafterMode, build_drafter, costs_of
 from ..errors import SpecdecError
 from ..llama.rounds import Rounds, SharedContexts
-from ..models.loading import ModelLoader, ModelPair, fit_context, load_models, load_with_llama_cpp
+from ..models.loading import (
+    ModelLoader,
+    ModelPair,
+    fit_context,
+    load_drafter,
+    load_models,
+    load_with_llama_cpp,
+)
 from ..request import DecodeRequest
 from .cost_cache import remember_costs
 from .drafting import drafter_for
@@ -47,13 +55,24 @@ class LoadedPair:
 
     pair: ModelPair
     request: DecodeRequest
+    loader: ModelLoader = load_with_llama_cpp
     drafter: Drafter | None = None
+    # Costs the command measured itself, written back where no drafter learned them (bench:
+    # its drafting runs' timed decodes, pooled)
+    measured: CostModel | None = None
 
     def prepare(self, needed_context: int) -> Drafter | None:
         """Contexts of `needed_context` tokens (unless --ctx-size), then the drafter."""
         fit_context(self.pair, self.request.hardware, needed_context)
         self.drafter = drafter_for(self.request, self.pair)
         return self.drafter
+
+    def add_drafter(self, name: str, path: Path) -> None:
+        """One more drafter to compare, under `name` (bench): loaded beside the target, in a
+        context of the target's size."""
+        hardware, force = self.request.hardware, self.request.force_incompatible
+        backend, by_text = load_drafter(self.pair.target, path, hardware, force, self.loader)
+        self.pair.add_drafter(backend, by_text, name)
 
     @property
     def costs(self) -> CostModel | None:
@@ -101,7 +120,7 @@ class LoadedPair:
 
     def remember_costs(self) -> None:
         """The next command on this pair starts from what this one measured."""
-        costs = self.costs
+        costs = self.costs if self.costs is not None else self.measured
         if costs is not None:
             remember_costs(self.pair, self.request.hardware, costs)
 
@@ -114,7 +133,7 @@ def loaded_pair(
     ends (an error or Ctrl-C included: the timings are as true as a finished run's). The
     models stay open until the process ends: a serve thread that did not stop in time may
     still hold them."""
-    loaded = LoadedPair(load_models(request, loader), request)
+    loaded = LoadedPair(load_models(request, loader), request, loader)
     try:
         yield loaded
     finally:
