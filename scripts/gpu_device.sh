@@ -5,6 +5,8 @@
 # holds a build, checks that it loads, writes shape-true random-weight models, then measures exact
 # mode's invariance and costs (scripts/gpu_check.py) and runs `specdec bench` on the GPU.
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
+# REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
+# only the benches are wanted.
 set -u
 LOG=${1:-$PWD/gpu-logs}; mkdir -p "$LOG"
 G=$PWD/.gpu; W=${TMPDIR:-/tmp}/specdec-gpu; T0=$(date +%s)
@@ -53,11 +55,12 @@ print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.
 " || { t "LOAD FAILED"; exit 1; }
 PYTHONPATH=$PYTHONPATH:$S/vendor/llama.cpp/gguf-py python3 scripts/check_build.py || t "BUILD CHECK FAILED"
 t check
-timeout 200 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
+: > $W/check.txt
+[ "${CHECK:-1}" = 0 ] || timeout 200 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
 grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
 bench() {  # target drafter modes tag
   timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
-      --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats 1 \
+      --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats "${REPEATS:-3}" \
       --max-tokens 64 --json "$LOG/bench-$4.json" > $W/bench-$4.txt 2>&1
   tail -14 $W/bench-$4.txt
 }
