@@ -37,11 +37,6 @@ class DrafterMode(str, Enum):
 DRAFTER_MODES = tuple(mode.value for mode in DrafterMode if mode is not DrafterMode.NONE)
 
 
-def needs_draft_model(mode: str) -> bool:
-    """Whether a --drafter mode (or bench's) drafts with a draft model."""
-    return mode in DRAFTER_MODES and DrafterMode(mode).needs_draft_model
-
-
 def default_draft_max(mode: str) -> int:
     adaptive = mode not in (DrafterMode.FIXED, DrafterMode.NONE)
     return ADAPTIVE_DRAFT_LIMIT if adaptive else FIXED_DRAFT_LENGTH
