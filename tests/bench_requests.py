@@ -6,12 +6,10 @@ from pathlib import Path
 
 from specdec_cli.bench.bench_configs import Configuration
 from specdec_cli.bench.bench_prompts import BenchPrompt
-from specdec_cli.bench.bench_request import BenchRequest
-from specdec_cli.decoding.modes import DrafterMode
-from specdec_cli.decoding.policy import ADAPTIVE_DRAFT_LIMIT
+from specdec_cli.bench.bench_request import BenchRequest, shared_request
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.decoding.verification import SamplingRule
-from specdec_cli.request import DecodeRequest, HardwareOptions
+from specdec_cli.request import HardwareOptions
 
 
 def bench_request(
@@ -25,17 +23,11 @@ def bench_request(
     rule: SamplingRule = SamplingRule.INVARIANT,
     **bench_fields,
 ) -> BenchRequest:
-    decode = DecodeRequest(
-        target=Path(target),
-        draft=None if draft is None else Path(draft),
-        drafter_mode=DrafterMode.NONE,
-        system=None,
-        sampling=sampling or SamplingSettings(),
-        seed=0,
-        max_tokens=0,
-        stop=(),
-        draft_max=ADAPTIVE_DRAFT_LIMIT,
+    decode = shared_request(
+        Path(target),
+        None if draft is None else Path(draft),
         hardware=hardware,
+        sampling=sampling or SamplingSettings(),
         rule=rule,
     )
     return BenchRequest(decode, prompts, configurations, **bench_fields)

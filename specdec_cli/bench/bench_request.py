@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..request import DecodeRequest
+from ..decoding.modes import DrafterMode
+from ..decoding.policy import ADAPTIVE_DRAFT_LIMIT
+from ..decoding.sampling import SamplingSettings
+from ..decoding.verification import SamplingRule
+from ..request import DecodeRequest, HardwareOptions
 from .bench_configs import Configuration
 from .bench_prompts import BenchPrompt
 
@@ -52,3 +56,33 @@ class BenchRequest:
             "system": decode.system,
             "hardware": asdict(decode.hardware),
         }
+
+
+def shared_request(
+    target: Path,
+    draft: Path | None,
+    *,
+    hardware: HardwareOptions,
+    sampling: SamplingSettings,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    system: str | None = None,
+    force_incompatible: bool = False,
+    rule: SamplingRule = SamplingRule.INVARIANT,
+) -> DecodeRequest:
+    """The DecodeRequest every side of a bench shares (see BenchRequest): no drafter of its
+    own, no stop strings; `max_tokens` caps every prompt's own (None: no cap)."""
+    return DecodeRequest(
+        target=target,
+        draft=draft,
+        drafter_mode=DrafterMode.NONE,  # each configuration makes its own drafter
+        system=system,
+        sampling=sampling,
+        seed=seed,
+        max_tokens=max_tokens or 0,
+        stop=(),
+        draft_max=ADAPTIVE_DRAFT_LIMIT,  # each configuration has its own
+        hardware=hardware,
+        force_incompatible=force_incompatible,
+        rule=rule,
+    )

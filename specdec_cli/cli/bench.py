@@ -7,10 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ..decoding.modes import DrafterMode
 from ..decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from ..decoding.sampling import SamplingSettings
-from ..request import DecodeRequest
 from .app import app, user_errors
 from .options import (
     DEFAULT_EXACT,
@@ -113,7 +111,7 @@ def bench(
     """Target alone against speculative decoding on a prompt suite: speed, acceptance, output."""
     from ..bench import bench as bench_lib
     from ..bench import bench_configs, bench_prompts, bench_report, render_bench
-    from ..bench.bench_request import BenchRequest
+    from ..bench.bench_request import BenchRequest, shared_request
 
     with user_errors():
         hardware = hardware_options(
@@ -136,17 +134,14 @@ def bench(
             offline=offline,
             needs_draft_model=any(d.needs_draft_model for d in drafters),
         )
-        decode = DecodeRequest(
-            target=target_path,
-            draft=draft_path,
-            drafter_mode=DrafterMode.NONE,  # each configuration makes its own drafter
-            system=system,
+        decode = shared_request(
+            target_path,
+            draft_path,
+            hardware=hardware,
             sampling=SamplingSettings(temp, top_k, top_p, min_p),
             seed=seed,
-            max_tokens=max_tokens or 0,  # a cap on every prompt's own; 0: none
-            stop=(),
-            draft_max=ADAPTIVE_DRAFT_LIMIT,  # each configuration has its own
-            hardware=hardware,
+            max_tokens=max_tokens,
+            system=system,
             force_incompatible=force,
             rule=rule,
         )
