@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 LLAMA_CPP_VERSION ?= 0.3.36
 LLAMA_PATCHES := $(wildcard patches/llama.cpp/*.patch)
-NATIVE_SOURCES := $(wildcard native/rowwise/*.c native/rowwise/*.h)
+NATIVE_SOURCES := $(wildcard native/rowwise/*.c native/rowwise/*.h native/cuda/*.cu native/cuda/*.cuh)
 STAMP := $(VENV)/.specdec-installed
 
 # make run's prompt: `make run PROMPT="..."` or `PROMPT="..." make run`.
@@ -44,9 +44,12 @@ test: install test-native
 	$(PY) -m pytest -ra
 
 # The row-wise kernels alone (native/rowwise/test_rowwise.c): built once for each instruction set
-# this machine runs, and once without any (where the kernels must decline).
+# this machine runs, and once without any (where the kernels must decline). The tensor-core
+# kernel (native/cuda/test_mmv_tc.cu) through its CPU emulation; `make -C native/cuda gpu-test`
+# runs it on a GPU.
 test-native:
 	$(MAKE) -C native/rowwise test
+	$(MAKE) -C native/cuda test
 
 bench-native:
 	$(MAKE) -C native/rowwise bench
