@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build and install the pinned llama-cpp-python from its source distribution, with specdec's
-# native kernels (native/rowwise/, copied into ggml's CPU backend as ggml-cpu/specdec/) and
+# native kernels (native/rowwise/, copied into ggml's CPU backend as ggml-cpu/specdec/;
+# native/cuda/, into its CUDA backend as ggml-cuda/specdec/) and
 # llama.cpp patches (patches/llama.cpp/*.patch, applied in name order to vendor/llama.cpp).
 # Usage: scripts/build-llama-cpp-python.sh PYTHON VERSION
 # CMAKE_ARGS comes from specdec_cli/build_flags.py (CMAKE_ARGS replaces the computed flags,
@@ -21,6 +22,8 @@ source_dir="$work/llama_cpp_python-$version"
 mkdir -p "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec"
 cp "$root"/native/rowwise/rowwise.h "$root"/native/rowwise/rowwise_x86.c "$root"/native/rowwise/rowwise_ggml.c \
     "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/"
+mkdir -p "$source_dir/vendor/llama.cpp/ggml/src/ggml-cuda/specdec"
+cp "$root"/native/cuda/mmv_tc.cu "$root"/native/cuda/mmv_tc.cuh "$source_dir/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/"
 for patch_file in "$root"/patches/llama.cpp/*.patch; do
     echo "applying $(basename "$patch_file")"
     patch -p1 --forward --batch --quiet -d "$source_dir/vendor/llama.cpp" <"$patch_file"

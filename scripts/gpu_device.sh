@@ -6,7 +6,9 @@
 # mode's invariance and costs (scripts/gpu_check.py) and runs `specdec bench` on the GPU.
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
-# only the benches are wanted.
+# only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
+# exact mode's Q4_K and Q6_K products on specdec's tensor-core kernel (patch 0004), whose own test
+# (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build.
 set -u
 LOG=${1:-$PWD/gpu-logs}; mkdir -p "$LOG"
 G=$PWD/.gpu; W=${TMPDIR:-/tmp}/specdec-gpu; T0=$(date +%s)
@@ -15,9 +17,12 @@ exec > >(tee -a "$LOG/run.log") 2>&1
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 nvcc --version | tail -1; nproc; grep -m1 'model name' /proc/cpuinfo
+t "tensor-core kernel's own test"; timeout 120 make -s -C native/cuda gpu-test OUT=$W/cuda || t "KERNEL TEST FAILED"
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site "$G"/whl/*.whl
 mkdir -p $W/b $W/m $W/home && tar -xzf "$G/src.tar.gz" -C $W/b
 S=$W/b/llama_cpp_python-$(cat "$G/version")
+# the kit packs native/rowwise alone; patch 0004 compiles native/cuda's kernel into ggml-cuda
+mkdir -p $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec && cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/
 SHAPES="qwen2.5-7b qwen2.5-1.5b qwen2.5-0.5b"
 (PYTHONPATH=$S/vendor/llama.cpp/gguf-py python3 "$G/make_shape_gguf.py" \
     $S/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $W/m $SHAPES > $W/models.log 2>&1) &
@@ -45,7 +50,7 @@ done
 # A build whose libraries each carry libstdc++ statically (no --exclude-libs) crashes at load
 # without this: a measurement aid for such a build, never the fix (build_flags.py has that).
 [ -n "${PRELOAD_LIBSTDCXX:-}" ] && export LD_PRELOAD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
-export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L
+export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L SPECDEC_CUDA_MMV_TC=${TC:-1}
 wait $models; tail -3 $W/models.log
 python3 -c "
 from specdec_cli.llama import library as b

@@ -73,6 +73,18 @@ def test_this_build_has_the_cpu_switch():
     assert "invariant-backends=" in library.kernel_signature(True)
 
 
+def test_measured_costs_name_the_cuda_product_kernel(monkeypatch):
+    """Costs measured with patch 0004's tensor-core products are not reused without them."""
+    build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH, CUDA_SWITCH})
+    monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
+    monkeypatch.delenv("SPECDEC_CUDA_MMV_TC", raising=False)
+    plain = library.kernel_signature(True)
+    monkeypatch.setenv("SPECDEC_CUDA_MMV_TC", "1")
+    assert "cuda-products=mmvq" in plain
+    assert library.kernel_signature(True) == plain.replace("=mmvq", "=tensor-cores")
+    assert "cuda-products" not in library.kernel_signature(False)
+
+
 @pytest.fixture
 def metal_machine(monkeypatch):
     build = FakeBuild([("CPU", CPU), ("Metal", GPU)], {CPU_SWITCH})

@@ -176,6 +176,13 @@ def verify_padding(on_gpu: bool) -> int:
     return int(override)
 
 
+def cuda_products() -> str:
+    """The kernel exact mode's Q4_K and Q6_K products take on CUDA: "tensor-cores" (specdec's
+    native/cuda/mmv_tc.cu, patch 0004) where SPECDEC_CUDA_MMV_TC=1, else "mmvq" (patch 0003).
+    Opt-in until it is measured on a GPU; the library reads the variable at its first product."""
+    return "tensor-cores" if os.environ.get("SPECDEC_CUDA_MMV_TC", "").strip() == "1" else "mmvq"
+
+
 def invariant_prompts() -> bool:
     """Whether exact mode decodes prompts with the batch-invariant kernels on this machine
     (INVARIANT_PROMPT_ISAS, and no GPU: llama.cpp offloads a large batch's products to one
@@ -219,6 +226,8 @@ def kernel_signature(exact: bool) -> str:
         parts.append(f"invariant-backends={_exactness.signature()}")
         parts.append(f"invariant=rows<={EXACT_BATCH_ROWS}" if exact else "invariant=off")
         parts.append(f"rowwise={rowwise_kernels()}")
+        if exact and "CUDA" in _exactness.gpu_backends:
+            parts.append(f"cuda-products={cuda_products()}")
         if exact and invariant_prompts():  # a prompt's keys differ from chunked prompts'
             parts.append("prompts=invariant")
     return ",".join(parts)
