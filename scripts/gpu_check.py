@@ -11,7 +11,7 @@ and of the sizes a speculative run's decodes take one after another (RUN_PATTERN
 padded to multiples of 8 rows (exactness.VERIFY_PADDING), each against its shape's steady cost:
 whether padding keeps every decode within 10% of it, and what it costs. Exits non-zero if an
 exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1 runs exact mode's
-Q4_K and Q6_K products on specdec's tensor-core kernel (patch 0004).
+Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
 Run by the GPU kit (scripts/gpu/device.sh) on a machine with a GPU; see README (GPUs).
 """
@@ -106,7 +106,7 @@ def report(key: str, found: dict) -> None:
 def main() -> int:
     ngl, paths = int(sys.argv[1]), sys.argv[2:]
     print(system_info()[:200], flush=True)
-    print(f"exact mode's Q4_K/Q6_K products on CUDA: {cuda_products()}", flush=True)
+    print(f"exact mode's Q4_K/Q6_K/Q8_0 products on CUDA: {cuda_products()}", flush=True)
     results, failures = {}, []
     for path in paths:
         name = path.rsplit("/", 1)[-1]

@@ -7,7 +7,7 @@
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
-# exact mode's Q4_K and Q6_K products on specdec's tensor-core kernel (patch 0004), whose own test
+# exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
 # (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build.
 set -u
 LOG=${1:-$PWD/gpu-logs}; mkdir -p "$LOG"

@@ -13,7 +13,7 @@
 // Why these sizes:
 // - 16 rows per CUDA block is the tensor core's m16 tile; a warp unpacks those rows once for
 //   all of its columns.
-// - 8 warps split a tile's blocks of 256 weights (warp w takes blocks w, w+8, ...): a 7B
+// - 8 warps split a tile's units of 256 weights (warp w takes units w, w+8, ...): a 7B
 //   model's ffn_down has only 224 tiles, and one warp per tile would leave too few loads in
 //   flight to read the weights at the memory's pace. The split depends on the matrix alone,
 //   never on the columns, so the order of summing does not either.
@@ -91,6 +91,7 @@ struct lane_columns {
 // instructions, k slots 4t+i holding l = 8t+i and then l = 8t+4+i.
 struct q4_K {
     using block = specdec_block_q4_K;
+    static constexpr int blocks_per_256 = 1;
 
     struct row {
         uint32_t scale[2];  // 6-bit scales of sub-blocks 0-3 and 4-7, a byte each
@@ -162,6 +163,7 @@ struct q4_K {
 // 32n + 16h + 4t, the 16 scales and d.
 struct q6_K {
     using block = specdec_block_q6_K;
+    static constexpr int blocks_per_256 = 1;
 
     struct row {
         uint32_t ql[2][2][2];  // [n][k % 2][h]
@@ -234,6 +236,57 @@ struct q6_K {
     }
 };
 
+// Q8_0. A block of 256 weights is 8 Q8_0 blocks, each one sub-block of 32 beside its Q8_1 block:
+// two instructions, k slots 4t+i holding l = 8t+i and then l = 8t+4+i. A lane holds of each
+// row the 8 bytes at 8t of each of the 8 blocks, and their d.
+struct q8_0 {
+    using block = specdec_block_q8_0;
+    static constexpr int blocks_per_256 = 8;
+
+    struct row {
+        uint32_t qs[8][2];
+        float d[8];
+    };
+    struct rows {
+        row g, g8;
+    };
+
+    static __device__ __forceinline__ row load_row(const block * x, int t) {
+        row r;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            r.qs[j][0] = load_u32_aligned_2((const uint8_t *) x[j].qs + 8 * t);
+            r.qs[j][1] = load_u32_aligned_2((const uint8_t *) x[j].qs + 8 * t + 4);
+            r.d[j]     = half_bits_to_float(x[j].d);
+        }
+        return r;
+    }
+
+    static __device__ __forceinline__ rows load(const block * x_g, const block * x_g8, int t) {
+        return {load_row(x_g, t), load_row(x_g8, t)};
+    }
+
+    static __device__ __forceinline__ void add(const rows & w, const lane_columns & y, int t, float (&acc)[4]) {
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int c[4] = {0, 0, 0, 0};
+            mma_s8_16x8x16(c, (int) w.g.qs[j][0], (int) w.g8.qs[j][0], y.b_word(j, 8 * t));
+            mma_s8_16x8x16(c, (int) w.g.qs[j][1], (int) w.g8.qs[j][1], y.b_word(j, 8 * t + 4));
+            const float d[2] = {half_bits_to_float(y.c0_ds(j)), half_bits_to_float(y.c1_ds(j))};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float d_w = i < 2 ? w.g.d[j] : w.g8.d[j];
+                sum[i] = __fmaf_rn(__fmul_rn(d_w, d[i % 2]), __int2float_rn(c[i]), sum[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            acc[i] = __fadd_rn(acc[i], sum[i]);
+        }
+    }
+};
+
 template <class W, int ntiles>
 __global__ void __launch_bounds__(SPECDEC_MMV_WARPS * warp_size, ntiles == 1 ? 4 : 2)
 mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __restrict__ y,
@@ -261,7 +314,7 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
     }
 
     for (int kb = warp; kb < nblocks_k; kb += SPECDEC_MMV_WARPS) {
-        const typename W::rows w = W::load(x_g + kb, x_g8 + kb, t);
+        const typename W::rows w = W::load(x_g + W::blocks_per_256 * kb, x_g8 + W::blocks_per_256 * kb, t);
 #pragma unroll
         for (int tile = 0; tile < ntiles; ++tile) {
             const int col_b = SPECDEC_MMV_TILE_COLS * tile + g;
@@ -338,6 +391,9 @@ void specdec_mmv_tc(specdec_mmv_type type, const void * x, const void * y, float
             break;
         case SPECDEC_MMV_Q6_K:
             launch_columns<q6_K>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
+        case SPECDEC_MMV_Q8_0:
+            launch_columns<q8_0>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
             break;
     }
 }

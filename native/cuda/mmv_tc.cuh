@@ -1,4 +1,4 @@
-// specdec tensor-core products of Q4_K and Q6_K weights with a few activation columns (a verification
+// specdec tensor-core products of Q4_K, Q6_K and Q8_0 weights with a few activation columns (a verification
 // batch, 1..16 tokens at a time) that are batch-invariant *and* cost about what one column costs.
 //
 // Why: exact mode needs a token's logits to be bitwise the same whether it is decoded alone or
@@ -10,7 +10,7 @@
 // int8 tensor-core instruction (mma.m16n8k16). Integer products are exact, so the tensor cores
 // add them in whatever order they like; everything after them is float, and is done in one
 // fixed order per (row, column) with rounding intrinsics (no contraction): per sub-block (32
-// weights of Q4_K, 16 of Q6_K) in order, then per block of 256 in the order a warp visits them,
+// weights of Q4_K and Q8_0, 16 of Q6_K) in order, then per block of 256 in the order a warp visits them,
 // then across the warps in warp order. Nothing in that order depends on the number of columns or on a column's place in the
 // batch, so a column's result is the same bits at n = 1 and at n = 16. The same kernel serves
 // n = 1, where the tensor core's spare columns cost little: the product is bound by reading the
@@ -52,7 +52,14 @@ struct specdec_block_q6_K {
     uint16_t d;            // a half
 };
 
+// ggml's block_q8_0: 32 weights, w = d * q.
+struct specdec_block_q8_0 {
+    uint16_t d;            // a half
+    int8_t qs[32];
+};
+
 static_assert(sizeof(specdec_block_q4_K) == 144, "block_q4_K layout");
+static_assert(sizeof(specdec_block_q8_0) == 34, "block_q8_0 layout");
 static_assert(sizeof(specdec_block_q6_K) == 210, "block_q6_K layout");
 static_assert(sizeof(specdec_block_q8_1) == 36, "block_q8_1 layout");
 
@@ -62,10 +69,11 @@ static_assert(sizeof(specdec_block_q8_1) == 36, "block_q8_1 layout");
 #define SPECDEC_MMV_TILE_COLS 8    // columns per tensor-core instruction (n8)
 #define SPECDEC_MMV_MAX_COLS 16    // columns one launch takes; more go in further launches
 
-enum specdec_mmv_type { SPECDEC_MMV_Q4_K, SPECDEC_MMV_Q6_K };
+enum specdec_mmv_type { SPECDEC_MMV_Q4_K, SPECDEC_MMV_Q6_K, SPECDEC_MMV_Q8_0 };
 
 // dst[c*stride_col_dst + r] = row r of x times column c of y, for r < nrows, c < ncols.
-// x: nrows rows of ncols_x/256 blocks of `type`, row r at x + r*stride_row_x blocks.
+// x: nrows rows of ncols_x/256 blocks of `type` (ncols_x/32 for Q8_0), row r at x + r*stride_row_x
+// blocks; ncols_x a multiple of 256.
 // y: ncols columns of ncols_x/32 Q8_1 blocks, column c at y + c*stride_col_y blocks.
 // Any ncols >= 1 (launched 16 columns at a time). Needs compute capability 8.0 or newer.
 void specdec_mmv_tc(specdec_mmv_type type, const void * x, const void * y, float * dst, int nrows,

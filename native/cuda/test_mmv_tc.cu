@@ -1,4 +1,4 @@
-// Test of the tensor-core Q4_K and Q6_K kernels (mmv_tc.cu): for every batch size and every place of a
+// Test of the tensor-core Q4_K, Q6_K and Q8_0 kernels (mmv_tc.cu): for every batch size and every place of a
 // column in the batch, each column's result must be the same bits as a plain C++ computation
 // of the kernel's documented order of summing (mmv_tc.cuh), and close to the double-precision
 // product of the dequantised weights. On a GPU (nvcc) it runs the real kernel; built with a
@@ -87,14 +87,17 @@ struct q4_K_weights {
     using block = specdec_block_q4_K;
     static constexpr specdec_mmv_type type = SPECDEC_MMV_Q4_K;
     static constexpr const char * name = "Q4_K";
+    static constexpr int blocks_per_256 = 1;
 
-    template <class Random> static void fill(block & b, Random & byte, float d, float dmin) {
+    template <class Random> static void fill(block * x, Random & byte, float d, float dmin) {
+        block & b = *x;
         b.dm = two_halves(d, dmin);
         for (uint8_t & v : b.scales) v = (uint8_t) byte();
         for (uint8_t & v : b.qs) v = (uint8_t) byte();
     }
 
-    static float in_order(const block & b, const specdec_block_q8_1 * a) {
+    static float in_order(const block * x, const specdec_block_q8_1 * a) {
+        const block & b = *x;
         float sum_d = 0.0f, sum_m = 0.0f;
         for (int s = 0; s < 8; ++s) {
             int dot = 0;
@@ -109,7 +112,8 @@ struct q4_K_weights {
         return std::fma(half_to_float(b.dm & 0xFFFF), sum_d, -half_to_float(b.dm >> 16) * sum_m);
     }
 
-    static void in_double(const block & b, const specdec_block_q8_1 * a, double & value, double & magnitude) {
+    static void in_double(const block * x, const specdec_block_q8_1 * a, double & value, double & magnitude) {
+        const block & b = *x;
         const double d = half_to_float(b.dm & 0xFFFF), dmin = half_to_float(b.dm >> 16);
         for (int s = 0; s < 8; ++s) {
             int scale, min;
@@ -128,15 +132,18 @@ struct q6_K_weights {
     using block = specdec_block_q6_K;
     static constexpr specdec_mmv_type type = SPECDEC_MMV_Q6_K;
     static constexpr const char * name = "Q6_K";
+    static constexpr int blocks_per_256 = 1;
 
-    template <class Random> static void fill(block & b, Random & byte, float d, float) {
+    template <class Random> static void fill(block * x, Random & byte, float d, float) {
+        block & b = *x;
         b.d = float_to_half(d / 8);
         for (uint8_t & v : b.ql) v = (uint8_t) byte();
         for (uint8_t & v : b.qh) v = (uint8_t) byte();
         for (int8_t & v : b.scales) v = (int8_t) byte();
     }
 
-    static float in_order(const block & b, const specdec_block_q8_1 * a) {
+    static float in_order(const block * x, const specdec_block_q8_1 * a) {
+        const block & b = *x;
         float sum_d = 0.0f;
         for (int n = 0; n < 2; ++n) {
             for (int k = 0; k < 4; ++k) {
@@ -153,7 +160,8 @@ struct q6_K_weights {
     }
 
     // as dequantize_row_q6_K walks the block
-    static void in_double(const block & b, const specdec_block_q8_1 * a, double & value, double & magnitude) {
+    static void in_double(const block * x, const specdec_block_q8_1 * a, double & value, double & magnitude) {
+        const block & b = *x;
         const double d = half_to_float(b.d);
         for (int n = 0; n < 2; ++n) {
             for (int l = 0; l < 32; ++l) {
@@ -168,25 +176,65 @@ struct q6_K_weights {
     }
 };
 
+struct q8_0_weights {
+    using block = specdec_block_q8_0;
+    static constexpr specdec_mmv_type type = SPECDEC_MMV_Q8_0;
+    static constexpr const char * name = "Q8_0";
+    static constexpr int blocks_per_256 = 8;
+
+    template <class Random> static void fill(block * b, Random & byte, float d, float) {
+        for (int j = 0; j < 8; ++j) {
+            b[j].d = float_to_half(d * (1 + j % 3) / 16);
+            for (int8_t & v : b[j].qs) v = (int8_t) byte();
+        }
+    }
+
+    static float in_order(const block * b, const specdec_block_q8_1 * a) {
+        float sum = 0.0f;
+        for (int j = 0; j < 8; ++j) {
+            int dot = 0;
+            for (int l = 0; l < 32; ++l) {
+                dot += b[j].qs[l] * a[j].qs[l];
+            }
+            sum = std::fma(half_to_float(b[j].d) * q8_d(a[j]), (float) dot, sum);
+        }
+        return sum;
+    }
+
+    static void in_double(const block * b, const specdec_block_q8_1 * a, double & value, double & magnitude) {
+        for (int j = 0; j < 8; ++j) {
+            for (int l = 0; l < 32; ++l) {
+                const double w = (double) half_to_float(b[j].d) * b[j].qs[l];
+                const double v = (double) q8_d(a[j]) * a[j].qs[l];
+                value += w * v;
+                magnitude += std::fabs(w * v);
+            }
+        }
+    }
+};
+
 template <class W> struct problem {
     int nrows, nblocks_k, ncols;
     int stride_row_x, stride_col_y, stride_col_dst;  // padded, as ggml's buffers are
     std::vector<typename W::block> x;
     std::vector<specdec_block_q8_1> y;
 
-    const typename W::block & weights(int row, int kb) const { return x[(size_t) row * stride_row_x + kb]; }
+    // the weights of row `row` from weight 256*kb on
+    const typename W::block * weights(int row, int kb) const {
+        return &x[(size_t) row * stride_row_x + W::blocks_per_256 * kb];
+    }
     const specdec_block_q8_1 * column(int col, int kb) const { return &y[(size_t) col * stride_col_y + 8 * kb]; }
 };
 
 template <class W> problem<W> make_problem(int nrows, int nblocks_k, int ncols, unsigned seed) {
-    problem<W> p{nrows, nblocks_k, ncols, nblocks_k + 1, 8 * nblocks_k + 16, nrows + 3, {}, {}};
+    problem<W> p{nrows, nblocks_k, ncols, W::blocks_per_256 * nblocks_k + 1, 8 * nblocks_k + 16, nrows + 3, {}, {}};
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     std::uniform_int_distribution<int> bytes(0, 255);
     auto byte = [&] { return bytes(rng); };
-    p.x.resize((size_t) nrows * p.stride_row_x);
-    for (typename W::block & b : p.x) {
-        W::fill(b, byte, 0.002f + 0.004f * std::fabs(unit(rng)), 0.001f + 0.002f * std::fabs(unit(rng)));
+    p.x.resize((size_t) nrows * p.stride_row_x + W::blocks_per_256);
+    for (size_t i = 0; i + W::blocks_per_256 <= p.x.size(); i += W::blocks_per_256) {
+        W::fill(&p.x[i], byte, 0.002f + 0.004f * std::fabs(unit(rng)), 0.001f + 0.002f * std::fabs(unit(rng)));
     }
     // activations quantised as ggml's quantize_q8_1 does: d = max|x|/127, s = the sum
     p.y.resize((size_t) ncols * p.stride_col_y);
@@ -349,7 +397,7 @@ int bench() {
     const shape shapes[] = {{"7B ffn_up Q4_K", SPECDEC_MMV_Q4_K, 18944, 3584}, {"7B ffn_down Q6_K", SPECDEC_MMV_Q6_K, 3584, 18944},
                             {"7B attn_q Q4_K", SPECDEC_MMV_Q4_K, 3584, 3584},   {"7B attn_k Q4_K", SPECDEC_MMV_Q4_K, 512, 3584},
                             {"7B output Q6_K", SPECDEC_MMV_Q6_K, 152064, 3584}, {"1.5B ffn_up Q4_K", SPECDEC_MMV_Q4_K, 8960, 1536},
-                            {"1.5B ffn_down Q6_K", SPECDEC_MMV_Q6_K, 1536, 8960}};
+                            {"1.5B ffn_down Q6_K", SPECDEC_MMV_Q6_K, 1536, 8960}, {"7B ffn_up Q8_0", SPECDEC_MMV_Q8_0, 18944, 3584}};
     const int ns[] = {1, 2, 4, 8, 9, 16};
     int device;
     cudaDeviceProp prop;
@@ -366,8 +414,10 @@ int bench() {
     check_cuda(cudaMalloc(&sink, 4), "cudaMalloc");
     for (const shape & s : shapes) {
         const int nblocks_k = s.cols / 256;
-        const size_t block_bytes = s.type == SPECDEC_MMV_Q4_K ? sizeof(specdec_block_q4_K) : sizeof(specdec_block_q6_K);
-        const size_t x_bytes = (size_t) s.rows * nblocks_k * block_bytes;
+        const size_t bytes_per_256 = s.type == SPECDEC_MMV_Q4_K ? sizeof(specdec_block_q4_K)
+                                   : s.type == SPECDEC_MMV_Q6_K ? sizeof(specdec_block_q6_K)
+                                                                : 8 * sizeof(specdec_block_q8_0);
+        const size_t x_bytes = (size_t) s.rows * nblocks_k * bytes_per_256;
         const size_t y_bytes = (size_t) 16 * nblocks_k * 8 * sizeof(specdec_block_q8_1);
         std::vector<uint8_t> random_bytes(x_bytes > y_bytes ? x_bytes : y_bytes);
         std::mt19937 rng(7);
@@ -396,7 +446,8 @@ int bench() {
         double t1 = 0.0, t8 = 0.0;
         for (int n : ns) {
             const double t = time_us([&] {
-                specdec_mmv_tc(s.type, x, y, dst, s.rows, s.cols, nblocks_k, n, nblocks_k * 8, s.rows, nullptr);
+                const int stride_row_x = s.type == SPECDEC_MMV_Q8_0 ? 8 * nblocks_k : nblocks_k;
+                specdec_mmv_tc(s.type, x, y, dst, s.rows, s.cols, stride_row_x, n, nblocks_k * 8, s.rows, nullptr);
             });
             t1 = n == 1 ? t : t1;
             t8 = n == 8 ? t : t8;
@@ -423,5 +474,5 @@ int main(int argc, char ** argv) {
         return 2;
 #endif
     }
-    return check<q4_K_weights>() | check<q6_K_weights>();
+    return check<q4_K_weights>() | check<q6_K_weights>() | check<q8_0_weights>();
 }

@@ -177,7 +177,7 @@ def verify_padding(on_gpu: bool) -> int:
 
 
 def cuda_products() -> str:
-    """The kernel exact mode's Q4_K and Q6_K products take on CUDA: "tensor-cores" (specdec's
+    """The kernel exact mode's Q4_K, Q6_K and Q8_0 products take on CUDA: "tensor-cores" (specdec's
     native/cuda/mmv_tc.cu, patch 0004) where SPECDEC_CUDA_MMV_TC=1, else "mmvq" (patch 0003).
     Opt-in until it is measured on a GPU; the library reads the variable at its first product."""
     return "tensor-cores" if os.environ.get("SPECDEC_CUDA_MMV_TC", "").strip() == "1" else "mmvq"
