@@ -99,9 +99,6 @@ struct q4_K {
         float d, dmin;
         uint2 qs[4];
     };
-    struct rows {
-        row g, g8;
-    };
 
     static __device__ __forceinline__ row load_row(const block * x, int t) {
         const uint4 head = *(const uint4 *) x;  // d and dmin, then scales[0..11]
@@ -119,10 +116,6 @@ struct q4_K {
         return r;
     }
 
-    static __device__ __forceinline__ rows load(const block * x_g, const block * x_g8, int t) {
-        return {load_row(x_g, t), load_row(x_g8, t)};
-    }
-
     static __device__ __forceinline__ int nibbles(const row & r, int s, int part) {
         const uint32_t bytes = part == 0 ? r.qs[s / 2].x : r.qs[s / 2].y;
         return (int) ((bytes >> (4 * (s % 2))) & 0x0F0F0F0F);
@@ -130,20 +123,20 @@ struct q4_K {
 
     // acc (see the kernel) += this block's products: per sub-block, the exact integer dot product
     // scaled by the row's scale and the column's d, and the row's min by the column's sum.
-    static __device__ __forceinline__ void add(const rows & w, const lane_columns & y, int t, float (&acc)[4]) {
+    static __device__ __forceinline__ void add(const row & g, const row & g8, const lane_columns & y, int t, float (&acc)[4]) {
         float sum_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         float sum_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
             int c[4] = {0, 0, 0, 0};
-            mma_s8_16x8x16(c, nibbles(w.g, s, 0), nibbles(w.g8, s, 0), y.b_word(s, 8 * t));
-            mma_s8_16x8x16(c, nibbles(w.g, s, 1), nibbles(w.g8, s, 1), y.b_word(s, 8 * t + 4));
+            mma_s8_16x8x16(c, nibbles(g, s, 0), nibbles(g8, s, 0), y.b_word(s, 8 * t));
+            mma_s8_16x8x16(c, nibbles(g, s, 1), nibbles(g8, s, 1), y.b_word(s, 8 * t + 4));
             const uint32_t ds0 = y.c0_ds(s), ds1 = y.c1_ds(s);
             const float d[2]   = {half_bits_to_float(ds0), half_bits_to_float(ds1)};
             const float sum[2] = {half_bits_to_float(ds0 >> 16), half_bits_to_float(ds1 >> 16)};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const row & r = i < 2 ? w.g : w.g8;
+                const row & r = i < 2 ? g : g8;
                 const int scale = byte_of(r.scale[s / 4], s % 4), min = byte_of(r.min[s / 4], s % 4);
                 sum_d[i] = __fmaf_rn(d[i % 2], __int2float_rn(c[i] * scale), sum_d[i]);
                 sum_m[i] = __fmaf_rn(sum[i % 2], __int2float_rn(min), sum_m[i]);
@@ -151,7 +144,7 @@ struct q4_K {
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const row & r = i < 2 ? w.g : w.g8;
+            const row & r = i < 2 ? g : g8;
             acc[i] = __fadd_rn(acc[i], __fmaf_rn(r.d, sum_d[i], __fmul_rn(-r.dmin, sum_m[i])));
         }
     }
@@ -170,9 +163,6 @@ struct q6_K {
         uint32_t qh[2][2];     // [n][h]
         uint32_t scale[4];     // int8 scales, four to a word
         float d;
-    };
-    struct rows {
-        row g, g8;
     };
 
     static __device__ __forceinline__ row load_row(const block * x, int t) {
@@ -194,10 +184,6 @@ struct q6_K {
         return r;
     }
 
-    static __device__ __forceinline__ rows load(const block * x_g, const block * x_g8, int t) {
-        return {load_row(x_g, t), load_row(x_g8, t)};
-    }
-
     static __device__ __forceinline__ int quants(const row & r, int n, int k, int h) {
         const uint32_t low  = (r.ql[n][k % 2][h] >> (4 * (k / 2))) & 0x0F0F0F0F;
         const uint32_t high = ((r.qh[n][h] >> (2 * k)) & 0x03030303) << 4;
@@ -208,7 +194,7 @@ struct q6_K {
         return (int) (int8_t) byte_of(r.scale[u / 4], u % 4);
     }
 
-    static __device__ __forceinline__ void add(const rows & w, const lane_columns & y, int t, float (&acc)[4]) {
+    static __device__ __forceinline__ void add(const row & g, const row & g8, const lane_columns & y, int t, float (&acc)[4]) {
         float sum_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
@@ -220,10 +206,10 @@ struct q6_K {
                 for (int h = 0; h < 2; ++h) {
                     const int u = 8 * n + 2 * k + h;
                     int c[4] = {0, 0, 0, 0};
-                    mma_s8_16x8x16(c, quants(w.g, n, k, h), quants(w.g8, n, k, h), y.b_word(q8, 16 * h + 4 * t));
+                    mma_s8_16x8x16(c, quants(g, n, k, h), quants(g8, n, k, h), y.b_word(q8, 16 * h + 4 * t));
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        const int sc = scale(i < 2 ? w.g : w.g8, u);
+                        const int sc = scale(i < 2 ? g : g8, u);
                         sum_d[i] = __fmaf_rn(d[i % 2], __int2float_rn(c[i] * sc), sum_d[i]);
                     }
                 }
@@ -231,7 +217,7 @@ struct q6_K {
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            acc[i] = __fadd_rn(acc[i], __fmul_rn(i < 2 ? w.g.d : w.g8.d, sum_d[i]));
+            acc[i] = __fadd_rn(acc[i], __fmul_rn(i < 2 ? g.d : g8.d, sum_d[i]));
         }
     }
 };
@@ -247,9 +233,6 @@ struct q8_0 {
         uint32_t qs[8][2];
         float d[8];
     };
-    struct rows {
-        row g, g8;
-    };
 
     static __device__ __forceinline__ row load_row(const block * x, int t) {
         row r;
@@ -262,21 +245,17 @@ struct q8_0 {
         return r;
     }
 
-    static __device__ __forceinline__ rows load(const block * x_g, const block * x_g8, int t) {
-        return {load_row(x_g, t), load_row(x_g8, t)};
-    }
-
-    static __device__ __forceinline__ void add(const rows & w, const lane_columns & y, int t, float (&acc)[4]) {
+    static __device__ __forceinline__ void add(const row & g, const row & g8, const lane_columns & y, int t, float (&acc)[4]) {
         float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             int c[4] = {0, 0, 0, 0};
-            mma_s8_16x8x16(c, (int) w.g.qs[j][0], (int) w.g8.qs[j][0], y.b_word(j, 8 * t));
-            mma_s8_16x8x16(c, (int) w.g.qs[j][1], (int) w.g8.qs[j][1], y.b_word(j, 8 * t + 4));
+            mma_s8_16x8x16(c, (int) g.qs[j][0], (int) g8.qs[j][0], y.b_word(j, 8 * t));
+            mma_s8_16x8x16(c, (int) g.qs[j][1], (int) g8.qs[j][1], y.b_word(j, 8 * t + 4));
             const float d[2] = {half_bits_to_float(y.c0_ds(j)), half_bits_to_float(y.c1_ds(j))};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float d_w = i < 2 ? w.g.d[j] : w.g8.d[j];
+                const float d_w = i < 2 ? g.d[j] : g8.d[j];
                 sum[i] = __fmaf_rn(__fmul_rn(d_w, d[i % 2]), __int2float_rn(c[i]), sum[i]);
             }
         }
@@ -314,7 +293,8 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
     }
 
     for (int kb = warp; kb < nblocks_k; kb += SPECDEC_MMV_WARPS) {
-        const typename W::rows w = W::load(x_g + W::blocks_per_256 * kb, x_g8 + W::blocks_per_256 * kb, t);
+        const typename W::row w_g  = W::load_row(x_g + W::blocks_per_256 * kb, t);
+        const typename W::row w_g8 = W::load_row(x_g8 + W::blocks_per_256 * kb, t);
 #pragma unroll
         for (int tile = 0; tile < ntiles; ++tile) {
             const int col_b = SPECDEC_MMV_TILE_COLS * tile + g;
@@ -323,7 +303,7 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
             const lane_columns cols = {y_kb + (int64_t) col_b * stride_col_y, y_kb + (int64_t) col_c * stride_col_y,
                                        y_kb + (int64_t) (col_c + 1) * stride_col_y, col_b < ncols, col_c < ncols,
                                        col_c + 1 < ncols};
-            W::add(w, cols, t, acc[tile]);
+            W::add(w_g, w_g8, cols, t, acc[tile]);
         }
     }
 

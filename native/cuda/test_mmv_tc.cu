@@ -81,6 +81,12 @@ int q6_K_quant(const specdec_block_q6_K & b, int n, int k, int l) {  // weight 1
 float q8_d(const specdec_block_q8_1 & a) { return half_to_float(a.ds & 0xFFFF); }
 float q8_sum(const specdec_block_q8_1 & a) { return half_to_float(a.ds >> 16); }
 
+// One weight's and activation's share of the double product and of the magnitudes.
+void add_product(double w, double v, double & value, double & magnitude) {
+    value += w * v;
+    magnitude += std::fabs(w * v);
+}
+
 // Per weight type: a random block, one block's share of a product in the kernel's order of
 // summing (plain C++, built with -ffp-contract=off), and in double precision.
 struct q4_K_weights {
@@ -120,9 +126,7 @@ struct q4_K_weights {
             scale_and_min(b.scales, s, scale, min);
             for (int l = 0; l < 32; ++l) {
                 const double w = d * scale * q4_K_quant(b, s, l) - dmin * min;
-                const double v = (double) q8_d(a[s]) * a[s].qs[l];
-                value += w * v;
-                magnitude += std::fabs(w * v);
+                add_product(w, (double) q8_d(a[s]) * a[s].qs[l], value, magnitude);
             }
         }
     }
@@ -167,9 +171,7 @@ struct q6_K_weights {
             for (int l = 0; l < 32; ++l) {
                 for (int k = 0; k < 4; ++k) {
                     const double w = d * b.scales[8 * n + l / 16 + 2 * k] * q6_K_quant(b, n, k, l);
-                    const double v = (double) q8_d(a[4 * n + k]) * a[4 * n + k].qs[l];
-                    value += w * v;
-                    magnitude += std::fabs(w * v);
+                    add_product(w, (double) q8_d(a[4 * n + k]) * a[4 * n + k].qs[l], value, magnitude);
                 }
             }
         }
@@ -205,9 +207,7 @@ struct q8_0_weights {
         for (int j = 0; j < 8; ++j) {
             for (int l = 0; l < 32; ++l) {
                 const double w = (double) half_to_float(b[j].d) * b[j].qs[l];
-                const double v = (double) q8_d(a[j]) * a[j].qs[l];
-                value += w * v;
-                magnitude += std::fabs(w * v);
+                add_product(w, (double) q8_d(a[j]) * a[j].qs[l], value, magnitude);
             }
         }
     }
