@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "half_host.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -90,19 +92,6 @@ inline uint32_t vsub4(uint32_t a, uint32_t b) {
         r |= ((((a >> (8 * i)) & 0xFF) - ((b >> (8 * i)) & 0xFF)) & 0xFF) << (8 * i);
     }
     return r;
-}
-
-inline float half_to_float(uint16_t h) {
-    const int sign = h >> 15, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    float value;
-    if (exponent == 0) {
-        value = std::ldexp((float) mantissa, -24);
-    } else if (exponent == 31) {
-        value = mantissa ? NAN : INFINITY;
-    } else {
-        value = std::ldexp((float) (mantissa | 0x400), exponent - 25);
-    }
-    return sign ? -value : value;
 }
 
 template <class Kernel, class... Args>

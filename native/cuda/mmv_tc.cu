@@ -30,7 +30,7 @@ __device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
 #ifdef __CUDACC__
     return __half2float(__ushort_as_half((unsigned short) (bits & 0xFFFF)));
 #else
-    return emulation::half_to_float((uint16_t) (bits & 0xFFFF));
+    return specdec_half_to_float((uint16_t) (bits & 0xFFFF));
 #endif
 }
 
@@ -295,11 +295,11 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
     for (int kb = warp; kb < nblocks_k; kb += SPECDEC_MMV_WARPS) {
         const typename W::row w_g  = W::load_row(x_g + W::blocks_per_256 * kb, t);
         const typename W::row w_g8 = W::load_row(x_g8 + W::blocks_per_256 * kb, t);
+        const specdec_block_q8_1 * y_kb = y + 8 * kb;
 #pragma unroll
         for (int tile = 0; tile < ntiles; ++tile) {
             const int col_b = SPECDEC_MMV_TILE_COLS * tile + g;
             const int col_c = SPECDEC_MMV_TILE_COLS * tile + 2 * t;
-            const specdec_block_q8_1 * y_kb = y + 8 * kb;
             const lane_columns cols = {y_kb + (int64_t) col_b * stride_col_y, y_kb + (int64_t) col_c * stride_col_y,
                                        y_kb + (int64_t) (col_c + 1) * stride_col_y, col_b < ncols, col_c < ncols,
                                        col_c + 1 < ncols};
@@ -331,6 +331,17 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
     }
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...), or its emulation on the CPU
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, dim3 block, void * stream, Args... args) {
+#ifdef __CUDACC__
+    kernel<<<grid, block, 0, (cudaStream_t) stream>>>(args...);
+#else
+    (void) stream;
+    emulation::launch(grid, block, kernel, args...);
+#endif
+}
+
 template <class W>
 void launch_columns(const void * x, const void * y, float * dst, int nrows, int ncols_x, int stride_row_x,
                     int ncols, int stride_col_y, int stride_col_dst, void * stream) {
@@ -342,21 +353,8 @@ void launch_columns(const void * x, const void * y, float * dst, int nrows, int 
         const int n = ncols - c0 < SPECDEC_MMV_MAX_COLS ? ncols - c0 : SPECDEC_MMV_MAX_COLS;
         const specdec_block_q8_1 * y_c = (const specdec_block_q8_1 *) y + (int64_t) c0 * stride_col_y;
         float * dst_c = dst + (int64_t) c0 * stride_col_dst;
-#ifdef __CUDACC__
-        cudaStream_t s = (cudaStream_t) stream;
-        if (n <= SPECDEC_MMV_TILE_COLS) {
-            mmv_tc<W, 1><<<grid, block, 0, s>>>(x_w, y_c, dst_c, nrows, nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
-        } else {
-            mmv_tc<W, 2><<<grid, block, 0, s>>>(x_w, y_c, dst_c, nrows, nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
-        }
-#else
-        (void) stream;
-        if (n <= SPECDEC_MMV_TILE_COLS) {
-            emulation::launch(grid, block, mmv_tc<W, 1>, x_w, y_c, dst_c, nrows, nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
-        } else {
-            emulation::launch(grid, block, mmv_tc<W, 2>, x_w, y_c, dst_c, nrows, nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
-        }
-#endif
+        launch(n <= SPECDEC_MMV_TILE_COLS ? mmv_tc<W, 1> : mmv_tc<W, 2>, grid, block, stream, x_w, y_c, dst_c, nrows,
+               nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
     }
 }
 

@@ -6,6 +6,7 @@
 //
 //   test_mmv_tc          the checks; exit status 1 on any difference
 //   test_mmv_tc bench    (GPU) microseconds per product on 7B and 1.5B shapes, by columns
+#include "half_host.h"
 #include "mmv_tc.cuh"
 
 #include <cmath>
@@ -22,13 +23,6 @@
 #endif
 
 namespace {
-
-float half_to_float(uint16_t h) {
-    const int sign = h >> 15, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    float value = exponent == 0 ? std::ldexp((float) mantissa, -24)
-                                : std::ldexp((float) (mantissa | 0x400), exponent - 25);
-    return sign ? -value : value;
-}
 
 // Round to nearest even, for the normal half range this test's data stays in.
 uint16_t float_to_half(float f) {
@@ -78,8 +72,8 @@ int q6_K_quant(const specdec_block_q6_K & b, int n, int k, int l) {  // weight 1
     return (low | (high << 4)) - 32;
 }
 
-float q8_d(const specdec_block_q8_1 & a) { return half_to_float(a.ds & 0xFFFF); }
-float q8_sum(const specdec_block_q8_1 & a) { return half_to_float(a.ds >> 16); }
+float q8_d(const specdec_block_q8_1 & a) { return specdec_half_to_float(a.ds & 0xFFFF); }
+float q8_sum(const specdec_block_q8_1 & a) { return specdec_half_to_float(a.ds >> 16); }
 
 // One weight's and activation's share of the double product and of the magnitudes.
 void add_product(double w, double v, double & value, double & magnitude) {
@@ -115,12 +109,12 @@ struct q4_K_weights {
             sum_d = std::fma(q8_d(a[s]), (float) (dot * scale), sum_d);
             sum_m = std::fma(q8_sum(a[s]), (float) min, sum_m);
         }
-        return std::fma(half_to_float(b.dm & 0xFFFF), sum_d, -half_to_float(b.dm >> 16) * sum_m);
+        return std::fma(specdec_half_to_float(b.dm & 0xFFFF), sum_d, -specdec_half_to_float(b.dm >> 16) * sum_m);
     }
 
     static void in_double(const block * x, const specdec_block_q8_1 * a, double & value, double & magnitude) {
         const block & b = *x;
-        const double d = half_to_float(b.dm & 0xFFFF), dmin = half_to_float(b.dm >> 16);
+        const double d = specdec_half_to_float(b.dm & 0xFFFF), dmin = specdec_half_to_float(b.dm >> 16);
         for (int s = 0; s < 8; ++s) {
             int scale, min;
             scale_and_min(b.scales, s, scale, min);
@@ -160,13 +154,13 @@ struct q6_K_weights {
                 }
             }
         }
-        return half_to_float(b.d) * sum_d;
+        return specdec_half_to_float(b.d) * sum_d;
     }
 
     // as dequantize_row_q6_K walks the block
     static void in_double(const block * x, const specdec_block_q8_1 * a, double & value, double & magnitude) {
         const block & b = *x;
-        const double d = half_to_float(b.d);
+        const double d = specdec_half_to_float(b.d);
         for (int n = 0; n < 2; ++n) {
             for (int l = 0; l < 32; ++l) {
                 for (int k = 0; k < 4; ++k) {
@@ -198,7 +192,7 @@ struct q8_0_weights {
             for (int l = 0; l < 32; ++l) {
                 dot += b[j].qs[l] * a[j].qs[l];
             }
-            sum = std::fma(half_to_float(b[j].d) * q8_d(a[j]), (float) dot, sum);
+            sum = std::fma(specdec_half_to_float(b[j].d) * q8_d(a[j]), (float) dot, sum);
         }
         return sum;
     }
@@ -206,7 +200,7 @@ struct q8_0_weights {
     static void in_double(const block * b, const specdec_block_q8_1 * a, double & value, double & magnitude) {
         for (int j = 0; j < 8; ++j) {
             for (int l = 0; l < 32; ++l) {
-                const double w = (double) half_to_float(b[j].d) * b[j].qs[l];
+                const double w = (double) specdec_half_to_float(b[j].d) * b[j].qs[l];
                 add_product(w, (double) q8_d(a[j]) * a[j].qs[l], value, magnitude);
             }
         }
@@ -246,7 +240,7 @@ template <class W> problem<W> make_problem(int nrows, int nblocks_k, int ncols, 
                 v = unit(rng) * (1 + c % 3);
                 amax = std::fmax(amax, std::fabs(v));
             }
-            const float d = half_to_float(float_to_half(amax / 127.0f));
+            const float d = specdec_half_to_float(float_to_half(amax / 127.0f));
             float sum = 0.0f;
             for (int l = 0; l < 32; ++l) {
                 const int q = (int) std::lround(xs[l] / d);
