@@ -26,10 +26,11 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct uint2 {
+// aligned as CUDA's vector_types.h aligns them: a GPU faults on a load that is not
+struct alignas(8) uint2 {
     uint32_t x, y;
 };
-struct uint4 {
+struct alignas(16) uint4 {
     uint32_t x, y, z, w;
 };
 
