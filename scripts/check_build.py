@@ -2,8 +2,9 @@
 
 Writes a tiny GGUF model (tests/tiny_gguf.py), loads it with every layer on the GPU where the
 build has one, decodes four tokens one at a time and then together in exact mode, and says what
-ran where. Fails with one line (exit 1) where the build lacks specdec's patches, cannot load or
-decode a model, or gives a token other logits inside a batch than alone.
+ran where. Fails with one line (exit 1) where the build lacks specdec's patches, was built for a
+GPU it cannot find here, cannot load or decode a model, or gives a token other logits inside a
+batch than alone.
 
 Usage: python scripts/check_build.py
 """
@@ -56,6 +57,15 @@ def main() -> None:
     if not library.has_invariant_kernels():
         missing = ", ".join(exactness.missing_in_build())
         raise SystemExit(f"error: llama.cpp was built without specdec's patches ({missing}). {FIX}")
+    unseen = exactness.gpu_backends_without_device
+    if unseen:
+        names = "+".join(unseen)
+        look = ": `nvidia-smi` lists the GPUs CUDA sees" if "CUDA" in unseen else ""
+        raise SystemExit(
+            f"error: this llama.cpp was built for {names} but finds no {names} device here (no "
+            f"driver loaded, or no GPU visible{look}). Run it where the GPU is, or build for "
+            "the CPU: `make rebuild-llama` without SPECDEC_CMAKE_ARGS."
+        )
     gpus = exactness.gpu_backends
     with tempfile.TemporaryDirectory() as folder:
         model = write_tiny_llama(Path(folder) / "check.gguf", config=CONFIG, quant="q4_k_m")

@@ -1,12 +1,15 @@
-"""Exact mode per backend (models/exactness.py): one switch for every backend's invariant
+"""Exact mode per backend (llama/exactness.py): one switch for every backend's invariant
 kernels, and a refusal where a GPU backend has none. A fake build stands in for llama.cpp's
 library, so GPUs that this machine lacks (CUDA, Metal) can be named."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
-from specdec_cli.errors import ModelFileError
+from specdec_cli.errors import BadUsageError, ModelFileError
 from specdec_cli.llama import library
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.llama.exactness import Exactness
@@ -15,22 +18,31 @@ CPU, GPU = 0, 1  # enum ggml_backend_dev_type
 
 
 class FakeBuild:
-    """A llama.cpp build's functions: its devices (registry name, device type) and which
-    invariant switches it exports; records every switch call."""
+    """A llama.cpp build's functions: its devices (registry name, device type), registries
+    compiled in that found no device, and which invariant switches it exports; records every
+    switch call."""
 
-    def __init__(self, devices: list[tuple[str, int]], switches: set[str]) -> None:
+    def __init__(
+        self, devices: list[tuple[str, int]], switches: set[str], idle: tuple[str, ...] = ()
+    ) -> None:
         self.devices = devices
+        self.registries = list(dict.fromkeys([name for name, _ in devices] + list(idle)))
         self.switches = switches
         self.calls: list[tuple[str, int]] = []
 
     def lookup(self, name: str, argtypes: list, restype: object):
-        devices = self.devices
+        devices, registries = self.devices, self.registries
         functions = {
             "ggml_backend_dev_count": lambda: len(devices),
             "ggml_backend_dev_get": lambda index: index,
             "ggml_backend_dev_type": lambda device: devices[device][1],
-            "ggml_backend_dev_backend_reg": lambda device: device,
-            "ggml_backend_reg_name": lambda registry: devices[registry][0].encode(),
+            "ggml_backend_dev_backend_reg": lambda device: registries.index(devices[device][0]),
+            "ggml_backend_reg_count": lambda: len(registries),
+            "ggml_backend_reg_get": lambda index: index,
+            "ggml_backend_reg_name": lambda registry: registries[registry].encode(),
+            "ggml_backend_reg_dev_count": lambda registry: sum(
+                name == registries[registry] for name, _ in devices
+            ),
         }
         if name in self.switches:
             return lambda n_rows: self.calls.append((name, n_rows))
@@ -66,6 +78,17 @@ def test_a_cuda_build_without_its_switch_is_incomplete():
     assert exactness.inexact_gpu_backends() == ["CUDA"]
 
 
+def test_a_gpu_backend_compiled_in_without_a_device_is_named():
+    """A CUDA build on a machine whose driver or GPU it cannot see (scripts/check_build.py
+    fails there); RPC registers no device by design and is not a GPU backend."""
+    build = FakeBuild([("CPU", CPU)], {CPU_SWITCH, CUDA_SWITCH}, idle=("CUDA", "RPC"))
+    exactness = Exactness(build.lookup)
+    assert exactness.gpu_backends_without_device == ["CUDA"]
+    assert exactness.gpu_backends == []
+    working = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH, CUDA_SWITCH}, idle=("RPC",))
+    assert Exactness(working.lookup).gpu_backends_without_device == []
+
+
 def test_this_build_has_the_cpu_switch():
     assert library._exactness.on_cpu
     assert "CPU" in library._exactness.signature().split("+")
@@ -83,6 +106,19 @@ def test_measured_costs_name_the_cuda_product_kernel(monkeypatch):
     assert "cuda-products=mmvq" in plain
     assert library.kernel_signature(True) == plain.replace("=mmvq", "=tensor-cores")
     assert "cuda-products" not in library.kernel_signature(False)
+    monkeypatch.setenv("SPECDEC_CUDA_MMV_TC", "0")
+    assert library.kernel_signature(True) == plain
+
+
+@pytest.mark.parametrize("value", ["yes", "true", " 1", "2"])
+def test_a_cuda_product_switch_the_library_would_read_otherwise_is_refused(monkeypatch, value):
+    """The library takes exactly "1" as on: any other value would key costs by a kernel that
+    did not run."""
+    build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH, CUDA_SWITCH})
+    monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
+    monkeypatch.setenv("SPECDEC_CUDA_MMV_TC", value)
+    with pytest.raises(BadUsageError, match="SPECDEC_CUDA_MMV_TC must be 1"):
+        library.kernel_signature(True)
 
 
 @pytest.fixture
@@ -110,3 +146,17 @@ def test_a_build_missing_a_backends_switch_is_refused(tiny_models, monkeypatch):
     monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
     with pytest.raises(ModelFileError, match=r"no batch-invariant kernels \(CUDA\)"):
         LlamaBackend(tiny_models.target, n_ctx=64, exact=True)
+
+
+def test_the_build_check_fails_where_its_gpu_backend_finds_no_device(monkeypatch, capsys):
+    """`make install` with CUDA on a machine whose GPU it cannot see ends in one line."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "check_build.py"
+    spec = importlib.util.spec_from_file_location("check_build", path)
+    assert spec is not None and spec.loader is not None
+    check_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_build)
+    build = FakeBuild([("CPU", CPU)], {CPU_SWITCH, CUDA_SWITCH}, idle=("CUDA",))
+    monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
+    with pytest.raises(SystemExit, match=r"built for CUDA but finds no CUDA device here") as failed:
+        check_build.main()
+    assert "\n" not in str(failed.value.code) and "make rebuild-llama" in str(failed.value.code)

@@ -30,6 +30,9 @@ INVARIANT_SWITCHES = {
 # invariant kernels (0.63 ms a column beyond the first); it pays once verify(8) nears one step.
 # SPECDEC_VERIFY_PADDING=N sets it for every backend, to measure (scripts/gpu_device.sh).
 VERIFY_PADDING = {"CPU": 1, "CUDA": 1}
+# ggml's registry names of GPU backends. A build with one compiled in registers it even where it
+# finds no device (no driver, no GPU visible): such a build cannot do what it was built for.
+GPU_REGISTRIES = ("CUDA", "ROCm", "MUSA", "Metal", "Vulkan", "SYCL", "OpenCL", "CANN")
 CPU_TYPE = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 
@@ -48,6 +51,9 @@ class Exactness:
         }
         gpus = (name for _, kind, name in registered_devices(lookup) if kind in GPU_TYPES)
         self._gpu_backends = list(dict.fromkeys(gpus))  # each backend once, in ggml's order
+        self._gpu_backends_without_device = [
+            name for name, devices in registries(lookup) if name in GPU_REGISTRIES and not devices
+        ]
 
     @property
     def on_cpu(self) -> bool:
@@ -58,6 +64,11 @@ class Exactness:
     def gpu_backends(self) -> list[str]:
         """The registry names of this build's GPU backends that found a device (e.g. CUDA)."""
         return list(self._gpu_backends)
+
+    @property
+    def gpu_backends_without_device(self) -> list[str]:
+        """GPU backends compiled into this build that found no device on this machine."""
+        return list(self._gpu_backends_without_device)
 
     def inexact_gpu_backends(self) -> list[str]:
         """GPU backends without invariant kernels: exact mode cannot run layers there."""
@@ -100,3 +111,16 @@ def registered_devices(lookup: Lookup) -> list[tuple[int, int, str]]:
         return []
     devices = [get(index) for index in range(count())]
     return [(device, kind(device), name(registry(device)).decode()) for device in devices]
+
+
+def registries(lookup: Lookup) -> list[tuple[str, int]]:
+    """ggml's backend registries, each as (name, how many devices it found); none in a build
+    without ggml's device API."""
+    count = lookup("ggml_backend_reg_count", [], ctypes.c_size_t)
+    get = lookup("ggml_backend_reg_get", [ctypes.c_size_t], ctypes.c_void_p)
+    name = lookup("ggml_backend_reg_name", [ctypes.c_void_p], ctypes.c_char_p)
+    devices = lookup("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)
+    if count is None or get is None or name is None or devices is None:
+        return []
+    handles = [get(index) for index in range(count())]
+    return [(name(handle).decode(), devices(handle)) for handle in handles]

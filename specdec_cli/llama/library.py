@@ -179,8 +179,15 @@ def verify_padding(on_gpu: bool) -> int:
 def cuda_products() -> str:
     """The kernel exact mode's Q4_K, Q6_K and Q8_0 products take on CUDA: "tensor-cores" (specdec's
     native/cuda/mmv_tc.cu, patch 0004) where SPECDEC_CUDA_MMV_TC=1, else "mmvq" (patch 0003).
-    Opt-in until it is measured on a GPU; the library reads the variable at its first product."""
-    return "tensor-cores" if os.environ.get("SPECDEC_CUDA_MMV_TC", "").strip() == "1" else "mmvq"
+    Opt-in until it is measured on a GPU; the library reads the variable at its first product,
+    and takes exactly "1" as on, so no other value may pass for it here."""
+    switch = os.environ.get("SPECDEC_CUDA_MMV_TC", "")
+    if switch not in ("", "0", "1"):
+        raise BadUsageError(
+            f"SPECDEC_CUDA_MMV_TC must be 1 (specdec's tensor-core products) or 0, not '{switch}'.",
+            "Unset it, or set it to 1 to measure the tensor-core kernel.",
+        )
+    return "tensor-cores" if switch == "1" else "mmvq"
 
 
 def invariant_prompts() -> bool:
