@@ -1,9 +1,10 @@
 #!/bin/bash
 # The prepared GPU run: on a GPU machine with no network, from the project root with .gpu
 # (made by the GPU kit's pack.sh: patched llama-cpp-python source, the project, wheels, the kit)
-# carried. Builds llama.cpp with CUDA (sm_90 unless CUDA_ARCH says otherwise) unless .gpu/lib.tar.xz
-# holds a build, checks that it loads, writes shape-true random-weight models, then measures exact
-# mode's invariance and costs (scripts/gpu_check.py) and runs `specdec bench` on the GPU.
+# carried. Builds llama.cpp with CUDA (sm_90 unless CUDA_ARCH says otherwise) unless
+# .gpu/lib.tar.xz holds libraries that load here (scripts/gpu_prebuild.sh builds them without a
+# GPU), checks that it loads, writes shape-true random-weight models, then measures exact mode's
+# invariance and costs (scripts/gpu_check.py) and runs `specdec bench` on the GPU.
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
@@ -27,9 +28,17 @@ SHAPES="qwen2.5-7b qwen2.5-1.5b qwen2.5-0.5b"
 (PYTHONPATH=$S/vendor/llama.cpp/gguf-py python3 "$G/make_shape_gguf.py" \
     $S/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $W/m $SHAPES > $W/models.log 2>&1) &
 models=$!
-if [ -f "$G/lib.tar.xz" ]; then
-  mkdir -p $W/plat/llama_cpp && tar -xJf "$G/lib.tar.xz" -C $W/plat/llama_cpp && t "prebuilt libraries"
+CUBLAS=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
+CUDA_LIBS=$(dirname "${CUBLAS:-/x/x}"):/usr/local/cuda/lib64
+prebuilt_loads() {  # scripts/gpu_prebuild.sh's libraries, where this machine can load them
+  [ -f "$G/lib.tar.xz" ] && mkdir -p $W/plat/llama_cpp && tar -xJf "$G/lib.tar.xz" -C $W/plat/llama_cpp &&
+    LD_LIBRARY_PATH=$W/plat/llama_cpp/lib:$CUDA_LIBS python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' \
+      $W/plat/llama_cpp/lib/libllama.so
+}
+if prebuilt_loads; then
+  t "prebuilt libraries"
 else
+  [ -f "$G/lib.tar.xz" ] && { t "the prebuilt libraries do not load here: building"; rm -rf $W/plat; }
   export SPECDEC_CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} ${EXTRA_CMAKE_ARGS:-}"
   args="$(python3 specdec_cli/build_flags.py)"
   cmake -S $S -B $W/bld -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKBUILD_PLATLIB_DIR=$W/plat $args \
@@ -40,8 +49,7 @@ else
   (cd "$(dirname "$(find $W/plat $S/llama_cpp -name 'libllama.so*' | head -1)")/.." && tar -cf - lib | xz -T0 -6 | split -b 15M - "$LOG/lib.tar.xz.part-")
 fi
 L=$(dirname "$(find $W/plat $S/llama_cpp -name 'libllama.so*' | head -1)")
-CUBLAS=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$L:$(dirname "${CUBLAS:-/x/x}"):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$L:$CUDA_LIBS:${LD_LIBRARY_PATH:-}
 echo "libggml-cuda exports outside ggml_*: $(nm -D --defined-only $L/libggml-cuda.so | awk '$2 ~ /[TWVBDR]/ {print $3}' | grep -vc '^ggml_')"
 # libstdc++ linked statically and exported (the load crash's cause): each library's count
 for lib in $L/lib*.so; do
