@@ -2,8 +2,8 @@
 # Build the GPU run's llama.cpp libraries here, without a GPU, so that scripts/gpu_device.sh
 # skips its own build on the GPU machine (about 280 of a session's 900 device seconds).
 # Needs CUDA's compiler (nvcc, no driver or GPU). cuBLAS comes from PyPI's nvidia-cublas wheel of
-# nvcc's release; where the toolkit has no driver stub, an empty libcuda.so.1 stands in at link
-# time (the GPU machine's driver is the one loaded). The libraries are built from the kit's
+# nvcc's release; where the toolkit has no driver stub, one of ours stands in for libcuda.so.1 at
+# link time (the GPU machine's driver is the one loaded). The libraries are built from the kit's
 # source (.gpu/src.tar.gz, made by its pack.sh) with native/cuda copied in, as gpu_device.sh
 # builds them, for AVX2 CPUs without AVX-512 whatever this CPU has: the GPU machine's may lack it.
 # Fails where a library exports libstdc++'s code (the load crash of issue 40).
@@ -36,8 +36,11 @@ if [ -z "$driver" ]; then
     driver=$cache/stub/libcuda.so
     mkdir -p "$cache/stub"
     echo '#include <cuda.h>' | gcc -E -I"$cuda/include" - | grep -oE '\bcu[A-Z][A-Za-z0-9_]*\s*\(' \
-        | sed 's/\s*($//' | sort -u | awk '{print "int " $1 "(void) { return 999; }"}' >"$cache/stub/stub.c"
-    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$driver" "$cache/stub/stub.c"
+        | sed 's/\s*($//' | sort -u | awk '{print "int " $1 "(void) { return 999; }"}' >"$work/stub.c"
+    if ! cmp -s "$work/stub.c" "$cache/stub/stub.c" || [ ! -f "$driver" ]; then  # else no relink
+        cp "$work/stub.c" "$cache/stub/stub.c"
+        gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$driver" "$cache/stub/stub.c"
+    fi
 fi
 
 # The source, copied file by file only where it changed, so that an unchanged file keeps its
