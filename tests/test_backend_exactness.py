@@ -148,7 +148,7 @@ def test_a_build_missing_a_backends_switch_is_refused(tiny_models, monkeypatch):
         LlamaBackend(tiny_models.target, n_ctx=64, exact=True)
 
 
-def test_the_build_check_fails_where_its_gpu_backend_finds_no_device(monkeypatch, capsys):
+def test_the_build_check_fails_where_its_gpu_backend_finds_no_device(monkeypatch):
     """`make install` with CUDA on a machine whose GPU it cannot see ends in one line."""
     path = Path(__file__).resolve().parent.parent / "scripts" / "check_build.py"
     spec = importlib.util.spec_from_file_location("check_build", path)
