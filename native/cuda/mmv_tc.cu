@@ -16,11 +16,12 @@
 // - 8 warps split a tile's units of 256 weights (warp w takes units w, w+8, ...): a 7B
 //   model's ffn_down has only 224 tiles, and one warp per tile would leave too few loads in
 //   flight to read the weights at the memory's pace. The split depends on the matrix alone,
-//   never on the columns, so the order of summing does not either.
+//   never on the columns, so the order of summing does not either. 4 and 16 are built too, for
+//   test_mmv_tc's bench to compare on a GPU (specdec_mmv_tc_warps).
 // - 16 columns per launch: two n8 instructions per unpacked tile. Exact mode verifies up to 16
 //   tokens at a time in practice; more columns take further launches, each reading the
 //   weights again.
-static_assert(SPECDEC_MMV_WARPS * 32 <= 1024, "block size");
+static_assert(SPECDEC_MMV_WARPS == 4 || SPECDEC_MMV_WARPS == 8 || SPECDEC_MMV_WARPS == 16, "a warp count built");
 
 namespace {
 
@@ -266,8 +267,13 @@ struct q8_0 {
     }
 };
 
-template <class W, int ntiles>
-__global__ void __launch_bounds__(SPECDEC_MMV_WARPS * warp_size, ntiles == 1 ? 4 : 2)
+// Blocks an SM keeps resident: up to 8 columns in 64 registers a thread, up to 16 in 128.
+constexpr int resident_blocks(int ntiles, int nwarps) {
+    return (ntiles == 1 ? 1024 : 512) / (nwarps * warp_size);
+}
+
+template <class W, int ntiles, int nwarps>
+__global__ void __launch_bounds__(nwarps * warp_size, resident_blocks(ntiles, nwarps))
 mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __restrict__ y,
        float * __restrict__ dst, int nrows, int nblocks_k, int stride_row_x, int ncols,
        int stride_col_y, int stride_col_dst) {
@@ -292,7 +298,7 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
         }
     }
 
-    for (int kb = warp; kb < nblocks_k; kb += SPECDEC_MMV_WARPS) {
+    for (int kb = warp; kb < nblocks_k; kb += nwarps) {
         const typename W::row w_g  = W::load_row(x_g + W::blocks_per_256 * kb, t);
         const typename W::row w_g8 = W::load_row(x_g8 + W::blocks_per_256 * kb, t);
         const specdec_block_q8_1 * y_kb = y + 8 * kb;
@@ -308,7 +314,7 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
     }
 
     // the warps' sums, added in warp order
-    __shared__ float partial[SPECDEC_MMV_WARPS][ntiles * SPECDEC_MMV_TILE_COLS][SPECDEC_MMV_ROWS];
+    __shared__ float partial[nwarps][ntiles * SPECDEC_MMV_TILE_COLS][SPECDEC_MMV_ROWS];
 #pragma unroll
     for (int tile = 0; tile < ntiles; ++tile) {
 #pragma unroll
@@ -321,7 +327,7 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
         const int col = k / SPECDEC_MMV_ROWS;
         const int r   = k % SPECDEC_MMV_ROWS;
         float sum = partial[0][col][r];
-        for (int w = 1; w < SPECDEC_MMV_WARPS; ++w) {
+        for (int w = 1; w < nwarps; ++w) {
             sum = __fadd_rn(sum, partial[w][col][r]);
         }
         const int row = blockIdx.x * SPECDEC_MMV_ROWS + r;
@@ -342,36 +348,59 @@ void launch(Kernel kernel, dim3 grid, dim3 block, void * stream, Args... args) {
 #endif
 }
 
-template <class W>
+template <class W, int nwarps>
 void launch_columns(const void * x, const void * y, float * dst, int nrows, int ncols_x, int stride_row_x,
                     int ncols, int stride_col_y, int stride_col_dst, void * stream) {
     const int nblocks_k = ncols_x / SPECDEC_MMV_QK_K;
     const dim3 grid((nrows + SPECDEC_MMV_ROWS - 1) / SPECDEC_MMV_ROWS);
-    const dim3 block(SPECDEC_MMV_WARPS * warp_size);
+    const dim3 block(nwarps * warp_size);
     const typename W::block * x_w = (const typename W::block *) x;
     for (int c0 = 0; c0 < ncols; c0 += SPECDEC_MMV_MAX_COLS) {
         const int n = ncols - c0 < SPECDEC_MMV_MAX_COLS ? ncols - c0 : SPECDEC_MMV_MAX_COLS;
         const specdec_block_q8_1 * y_c = (const specdec_block_q8_1 *) y + (int64_t) c0 * stride_col_y;
         float * dst_c = dst + (int64_t) c0 * stride_col_dst;
-        launch(n <= SPECDEC_MMV_TILE_COLS ? mmv_tc<W, 1> : mmv_tc<W, 2>, grid, block, stream, x_w, y_c, dst_c, nrows,
+        launch(n <= SPECDEC_MMV_TILE_COLS ? mmv_tc<W, 1, nwarps> : mmv_tc<W, 2, nwarps>, grid, block, stream, x_w, y_c, dst_c, nrows,
                nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
+    }
+}
+
+template <class W>
+void launch_warps(int warps, const void * x, const void * y, float * dst, int nrows, int ncols_x, int stride_row_x,
+                  int ncols, int stride_col_y, int stride_col_dst, void * stream) {
+    switch (warps) {
+        case 4:
+            launch_columns<W, 4>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
+        case 16:
+            launch_columns<W, 16>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
+        default:
+            launch_columns<W, 8>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
     }
 }
 
 }  // namespace
 
+void specdec_mmv_tc_warps(int warps, specdec_mmv_type type, const void * x, const void * y, float * dst, int nrows,
+                          int ncols_x, int stride_row_x, int ncols, int stride_col_y, int stride_col_dst,
+                          void * stream) {
+    switch (type) {
+        case SPECDEC_MMV_Q4_K:
+            launch_warps<q4_K>(warps, x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
+        case SPECDEC_MMV_Q6_K:
+            launch_warps<q6_K>(warps, x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
+        case SPECDEC_MMV_Q8_0:
+            launch_warps<q8_0>(warps, x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
+            break;
+    }
+}
+
 void specdec_mmv_tc(specdec_mmv_type type, const void * x, const void * y, float * dst, int nrows,
                     int ncols_x, int stride_row_x, int ncols, int stride_col_y, int stride_col_dst,
                     void * stream) {
-    switch (type) {
-        case SPECDEC_MMV_Q4_K:
-            launch_columns<q4_K>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
-            break;
-        case SPECDEC_MMV_Q6_K:
-            launch_columns<q6_K>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
-            break;
-        case SPECDEC_MMV_Q8_0:
-            launch_columns<q8_0>(x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y, stride_col_dst, stream);
-            break;
-    }
+    specdec_mmv_tc_warps(SPECDEC_MMV_WARPS, type, x, y, dst, nrows, ncols_x, stride_row_x, ncols, stride_col_y,
+                         stride_col_dst, stream);
 }

@@ -79,3 +79,10 @@ enum specdec_mmv_type { SPECDEC_MMV_Q4_K, SPECDEC_MMV_Q6_K, SPECDEC_MMV_Q8_0 };
 void specdec_mmv_tc(specdec_mmv_type type, const void * x, const void * y, float * dst, int nrows,
                     int ncols_x, int stride_row_x, int ncols, int stride_col_y, int stride_col_dst,
                     void * stream);
+
+// The same product with `warps` warps per tile (4, 8 or 16; any other value: 8) instead of
+// SPECDEC_MMV_WARPS, for test_mmv_tc's bench to compare on a GPU. The warps' count sets the
+// order of summing, so results differ between counts in the last bits (each is batch-invariant).
+void specdec_mmv_tc_warps(int warps, specdec_mmv_type type, const void * x, const void * y, float * dst, int nrows,
+                          int ncols_x, int stride_row_x, int ncols, int stride_col_y, int stride_col_dst,
+                          void * stream);

@@ -255,15 +255,15 @@ template <class W> problem<W> make_problem(int nrows, int nblocks_k, int ncols, 
 
 // The kernel's order of summing: per block (W::in_order), blocks in the order each warp
 // visits them, then the warps' sums in warp order.
-template <class W> float expected(const problem<W> & p, int row, int col) {
-    float partial[SPECDEC_MMV_WARPS] = {};
-    for (int w = 0; w < SPECDEC_MMV_WARPS; ++w) {
-        for (int kb = w; kb < p.nblocks_k; kb += SPECDEC_MMV_WARPS) {
+template <class W> float expected(const problem<W> & p, int row, int col, int warps) {
+    float partial[16] = {};
+    for (int w = 0; w < warps; ++w) {
+        for (int kb = w; kb < p.nblocks_k; kb += warps) {
             partial[w] = partial[w] + W::in_order(p.weights(row, kb), p.column(col, kb));
         }
     }
     float total = partial[0];
-    for (int w = 1; w < SPECDEC_MMV_WARPS; ++w) {
+    for (int w = 1; w < warps; ++w) {
         total = total + partial[w];
     }
     return total;
@@ -293,7 +293,7 @@ template <class T> T * to_device(const std::vector<T> & v) {
 #endif
 
 // The kernel's results for the columns `order` (a column index per place in the batch).
-template <class W> std::vector<float> run(const problem<W> & p, const std::vector<int> & order) {
+template <class W> std::vector<float> run(const problem<W> & p, const std::vector<int> & order, int warps) {
     const int n = (int) order.size();
     std::vector<specdec_block_q8_1> y((size_t) n * p.stride_col_y);
     for (int j = 0; j < n; ++j) {
@@ -305,27 +305,30 @@ template <class W> std::vector<float> run(const problem<W> & p, const std::vecto
     typename W::block * dx = to_device(p.x);
     specdec_block_q8_1 * dy = to_device(y);
     float * dd = to_device(dst);
-    specdec_mmv_tc(W::type, dx, dy, dd, p.nrows, 256 * p.nblocks_k, p.stride_row_x, n, p.stride_col_y, p.stride_col_dst, nullptr);
+    specdec_mmv_tc_warps(warps, W::type, dx, dy, dd, p.nrows, 256 * p.nblocks_k, p.stride_row_x, n, p.stride_col_y,
+                         p.stride_col_dst, nullptr);
     check_cuda(cudaGetLastError(), "launch");
     check_cuda(cudaMemcpy(dst.data(), dd, dst.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
     cudaFree(dx);
     cudaFree(dy);
     cudaFree(dd);
 #else
-    specdec_mmv_tc(W::type, p.x.data(), y.data(), dst.data(), p.nrows, 256 * p.nblocks_k, p.stride_row_x, n,
-                   p.stride_col_y, p.stride_col_dst, nullptr);
+    specdec_mmv_tc_warps(warps, W::type, p.x.data(), y.data(), dst.data(), p.nrows, 256 * p.nblocks_k, p.stride_row_x,
+                         n, p.stride_col_y, p.stride_col_dst, nullptr);
 #endif
     return dst;
 }
 
-template <class W> int check() {
+// The kernel with `warps` warps per tile: every batch size for its own count, a few for the
+// counts only the bench compares.
+template <class W> int check(int warps) {
     // 40 rows: two whole tiles and a partial one; 11 blocks: warps get 2 or 1 of them
     const problem<W> p = make_problem<W>(40, 11, 33, 1234);
     std::vector<std::vector<float>> want(p.ncols, std::vector<float>(p.nrows));
     double worst = 0.0;
     for (int c = 0; c < p.ncols; ++c) {
         for (int r = 0; r < p.nrows; ++r) {
-            want[c][r] = expected(p, r, c);
+            want[c][r] = expected(p, r, c, warps);
             double value, magnitude;
             in_double(p, r, c, value, magnitude);
             worst = std::fmax(worst, std::fabs(want[c][r] - value) / magnitude);
@@ -336,21 +339,22 @@ template <class W> int check() {
         std::printf("FAIL: %s: the order of summing is %.2e off the double product (of the magnitudes)\n", W::name, worst);
         ++failures;
     }
-    const int sizes[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 33};
+    const std::vector<int> sizes = warps == SPECDEC_MMV_WARPS ? std::vector<int>{1, 2, 3, 7, 8, 9, 15, 16, 17, 33}
+                                                              : std::vector<int>{1, 8, 9, 17};
     for (int n : sizes) {
         for (bool reversed : {false, true}) {
             std::vector<int> order(n);
             for (int j = 0; j < n; ++j) {
                 order[j] = reversed ? p.ncols - 1 - j : j;
             }
-            const std::vector<float> got = run(p, order);
+            const std::vector<float> got = run(p, order, warps);
             int differing = 0;
             for (int j = 0; j < n; ++j) {
                 for (int r = 0; r < p.nrows; ++r) {
                     const float g = got[(size_t) j * p.stride_col_dst + r], w = want[order[j]][r];
                     if (std::memcmp(&g, &w, sizeof(float)) != 0) {
                         if (differing++ == 0) {
-                            std::printf("FAIL: %s n=%d%s, column %d at place %d, row %d: %.9g, want %.9g\n", W::name, n,
+                            std::printf("FAIL: %s, %d warps, n=%d%s, column %d at place %d, row %d: %.9g, want %.9g\n", W::name, warps, n,
                                         reversed ? " reversed" : "", order[j], j, r, g, w);
                         }
                     }
@@ -364,11 +368,11 @@ template <class W> int check() {
                 }
             }
             failures += differing != 0;
-            std::printf("%s n=%2d%s: %s\n", W::name, n, reversed ? " reversed" : "         ",
+            std::printf("%s, %2d warps, n=%2d%s: %s\n", W::name, warps, n, reversed ? " reversed" : "         ",
                         differing ? "DIFFERS" : "every column the same bits as alone");
         }
     }
-    std::printf("%s: %s (double product: %.2e of the magnitudes)\n", W::name, failures ? "FAILED" : "ok", worst);
+    std::printf("%s, %d warps: %s (double product: %.2e of the magnitudes)\n", W::name, warps, failures ? "FAILED" : "ok", worst);
     return failures ? 1 : 0;
 }
 
@@ -384,8 +388,9 @@ __global__ void read_all(const uint4 * __restrict__ v, size_t n, uint32_t * sink
     }
 }
 
-// Microseconds per product, by columns, against reading the same weights once (the floor).
-// Random bytes: the kernel's cost does not depend on the values.
+// Microseconds per product, by columns, against reading the same weights once (the floor),
+// for each warp count built (the kernel's own first). Random bytes: the kernel's cost does not
+// depend on the values.
 int bench() {
     struct shape { const char * name; specdec_mmv_type type; int rows, cols; };
     const shape shapes[] = {{"7B ffn_up Q4_K", SPECDEC_MMV_Q4_K, 18944, 3584}, {"7B ffn_down Q6_K", SPECDEC_MMV_Q6_K, 3584, 18944},
@@ -398,7 +403,7 @@ int bench() {
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     std::printf("%s; us per product of n columns, and the floor: reading the weights once\n", prop.name);
-    std::printf("%-20s %8s", "matrix", "floor");
+    std::printf("%-20s %5s %8s", "matrix", "warps", "floor");
     for (int n : ns) std::printf("     n=%-3d", n);
     std::printf(" %9s %9s\n", "n=8/n=1", "n=1 GB/s");
     cudaEvent_t start, stop;
@@ -436,18 +441,21 @@ int bench() {
             return 1000.0 * ms / reps;
         };
         const double floor = time_us([&] { read_all<<<4 * prop.multiProcessorCount, 512>>>((const uint4 *) x, x_bytes / 16, sink); });
-        std::printf("%-20s %8.1f", s.name, floor);
-        double t1 = 0.0, t8 = 0.0;
-        for (int n : ns) {
-            const double t = time_us([&] {
-                const int stride_row_x = s.type == SPECDEC_MMV_Q8_0 ? 8 * nblocks_k : nblocks_k;
-                specdec_mmv_tc(s.type, x, y, dst, s.rows, s.cols, stride_row_x, n, nblocks_k * 8, s.rows, nullptr);
-            });
-            t1 = n == 1 ? t : t1;
-            t8 = n == 8 ? t : t8;
-            std::printf(" %9.1f", t);
+        for (int warps : {SPECDEC_MMV_WARPS, 4, 16}) {
+            std::printf("%-20s %5d %8.1f", s.name, warps, floor);
+            double t1 = 0.0, t8 = 0.0;
+            for (int n : ns) {
+                const double t = time_us([&] {
+                    const int stride_row_x = s.type == SPECDEC_MMV_Q8_0 ? 8 * nblocks_k : nblocks_k;
+                    specdec_mmv_tc_warps(warps, s.type, x, y, dst, s.rows, s.cols, stride_row_x, n, nblocks_k * 8, s.rows,
+                                         nullptr);
+                });
+                t1 = n == 1 ? t : t1;
+                t8 = n == 8 ? t : t8;
+                std::printf(" %9.1f", t);
+            }
+            std::printf(" %8.2fx %9.0f\n", t8 / t1, x_bytes / t1 / 1e3);
         }
-        std::printf(" %8.2fx %9.0f\n", t8 / t1, x_bytes / t1 / 1e3);
         check_cuda(cudaGetLastError(), "bench");
         cudaFree(x);
         cudaFree(y);
@@ -468,5 +476,9 @@ int main(int argc, char ** argv) {
         return 2;
 #endif
     }
-    return check<q4_K_weights>() | check<q6_K_weights>() | check<q8_0_weights>();
+    int failed = 0;
+    for (int warps : {SPECDEC_MMV_WARPS, 4, 16}) {
+        failed |= check<q4_K_weights>(warps) | check<q6_K_weights>(warps) | check<q8_0_weights>(warps);
+    }
+    return failed;
 }
