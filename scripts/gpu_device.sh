@@ -9,7 +9,9 @@
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
 # exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
-# (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build.
+# (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build. Ends with
+# scripts/gpu_verdict.py: each of issue 40's targets, met or not; `python3 scripts/gpu_verdict.py LOGDIR`
+# reads the logs of a call that ran out of time the same way.
 set -u
 LOG=${1:-$PWD/gpu-logs}; mkdir -p "$LOG"
 G=$PWD/.gpu; W=${TMPDIR:-/tmp}/specdec-gpu; T0=$(date +%s)
@@ -83,3 +85,5 @@ t bench 1.5b; bench qwen2.5-1.5b qwen2.5-0.5b oracle 1.5b
 # shape pay on this GPU? Compare its oracle with bench-7b's.
 t bench 7b padded; SPECDEC_VERIFY_PADDING=8 bench qwen2.5-7b qwen2.5-0.5b oracle 7b-padded
 t done
+# issue 40's targets against what this run measured (also what a call cut short did not reach)
+python3 scripts/gpu_verdict.py "$LOG"

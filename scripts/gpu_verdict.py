@@ -1,0 +1,234 @@
+"""Issue 40's targets, read off one GPU run's logs: what each measured, and whether it is met.
+
+Usage: python scripts/gpu_verdict.py LOGDIR   (what scripts/gpu_device.sh wrote there)
+
+It reads run.log (the tensor-core kernel's own test and bench, the libraries' exports),
+check.json (scripts/gpu_check.py) and bench-*.json (`specdec bench --json`), and prints one
+line per target: met, NOT MET, or missing (the run did not get that far). Exit status 0 only
+when every target is measured and met. Lines marked "info" carry numbers without a target.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# Issue 40's targets ("What to build", items 3 to 5).
+KERNEL_COLUMNS_RATIO = 1.1  # the kernel alone: 8 columns against 1 (its bench)
+VERIFY_RATIO_7B = 1.3  # a 7B-shape verification of 8 rows against one step
+SHAPE_CHANGE_RATIO = 1.1  # a decode in a run against its shape's steady cost
+EXACT_ALONE_SPEEDUP = 0.97  # exact mode's target alone against llama.cpp's kernels
+ORACLE_SPEEDUP = {"7b": 3.0, "1.5b": 2.0}
+BENCH_PROMPTS = 6
+
+KERNEL_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+DEFAULT_WARPS = 8  # SPECDEC_MMV_WARPS in native/cuda/mmv_tc.cuh
+
+
+@dataclass
+class Line:
+    target: str
+    measured: str
+    met: bool | None  # None: not measured
+    info: bool = False  # numbers without a target
+
+    def render(self) -> str:
+        mark = "info" if self.info else {True: "met", False: "NOT MET", None: "missing"}[self.met]
+        return f"{mark:8} {self.target}: {self.measured}"
+
+
+def kernel_test(log: str) -> Iterator[Line]:
+    """The kernel's own test on the GPU: every type, every warp count, the same bits."""
+    found = re.findall(r"^(Q4_K|Q6_K|Q8_0), (\d+) warps: (ok|FAILED)", log, re.MULTILINE)
+    if not found:
+        yield Line(
+            "tensor-core kernel, every column the same bits alone and batched", "not run", None
+        )
+        return
+    failed = [f"{t} {w} warps" for t, w, verdict in found if verdict != "ok"]
+    types = {t for t, w, _ in found if int(w) == DEFAULT_WARPS}
+    met = not failed and types == set(KERNEL_TYPES)
+    measured = f"{len(found) - len(failed)}/{len(found)} ok" + (
+        f", failed: {', '.join(failed)}" if failed else ""
+    )
+    yield Line("tensor-core kernel, every column the same bits alone and batched", measured, met)
+
+
+@dataclass
+class BenchRow:
+    matrix: str
+    warps: int
+    floor_us: float
+    us_by_columns: dict[int, float]
+
+
+BENCH_COLUMNS = (1, 2, 4, 8, 9, 16)
+BENCH_ROW = re.compile(r"^(.+?)\s+(\d+)\s+([\d.]+)((?:\s+[\d.]+){6})\s+([\d.]+)x\s+(\d+)\s*$")
+
+
+def kernel_bench_rows(log: str) -> list[BenchRow]:
+    rows = []
+    for line in log.splitlines():
+        if match := BENCH_ROW.match(line):
+            times = [float(v) for v in match.group(4).split()]
+            rows.append(
+                BenchRow(
+                    match.group(1).strip(),
+                    int(match.group(2)),
+                    float(match.group(3)),
+                    dict(zip(BENCH_COLUMNS, times, strict=True)),
+                )
+            )
+    return rows
+
+
+def kernel_bench(log: str) -> Iterator[Line]:
+    """8 columns within KERNEL_COLUMNS_RATIO of one, with the kernel's own warps; per warp
+    count, how far n=1 is from reading the weights once."""
+    rows = kernel_bench_rows(log)
+    own = [r for r in rows if r.warps == DEFAULT_WARPS]
+    target = f"tensor-core kernel, 8 columns within {KERNEL_COLUMNS_RATIO}x of one"
+    if not own:
+        yield Line(target, "not run", None)
+        return
+    ratios = {r.matrix: r.us_by_columns[8] / r.us_by_columns[1] for r in own}
+    worst = max(ratios, key=lambda k: ratios[k])
+    yield Line(
+        target, f"worst {ratios[worst]:.2f}x ({worst})", ratios[worst] <= KERNEL_COLUMNS_RATIO
+    )
+    for warps in sorted({r.warps for r in rows}):
+        of_warps = [r for r in rows if r.warps == warps]
+        floors = " ".join(f"{r.matrix}: {r.us_by_columns[1] / r.floor_us:.2f}" for r in of_warps)
+        yield Line(f"n=1 against reading the weights once, {warps} warps", floors, None, info=True)
+
+
+def library_exports(log: str) -> Iterator[Line]:
+    counts = [int(n) for n in re.findall(r"exports libstdc\+\+ code: (\d+)", log)]
+    measured = f"{sum(counts)} functions in {len(counts)} libraries" if counts else "not run"
+    yield Line(
+        "no library exports libstdc++'s code", measured, (sum(counts) == 0) if counts else None
+    )
+
+
+def model_checks(check: dict) -> Iterator[Line]:
+    """gpu_check.py's results: invariance, verification's cost, exact against fast at n=1, and
+    every decode of a run (plain and padded) against its shape's steady cost."""
+    exact = {key.split(":")[0]: found for key, found in check.items() if key.endswith(":exact")}
+    if not exact:
+        yield Line("gpu_check.py: every exact row identical, n = 2..32", "not run", None)
+        return
+    for model, found in exact.items():
+        differing = [n for n, r in found["invariance"].items() if r["rows_identical"] != int(n)]
+        measured = (
+            "all identical" if not differing else f"rows differ at n = {', '.join(differing)}"
+        )
+        yield Line(f"{model}: every exact row identical, n = 2..32", measured, not differing)
+    for model, found in exact.items():
+        if "7b" in model:
+            steady = found["steady_ms"]
+            ratio = steady["8"] / steady["1"]
+            yield Line(
+                f"{model}: verifying 8 rows within {VERIFY_RATIO_7B}x of a step",
+                f"{ratio:.2f}x",
+                ratio <= VERIFY_RATIO_7B,
+            )
+    for model, found in exact.items():
+        fast = check.get(f"{model}:fast")
+        if fast:
+            ratio = found["steady_ms"]["1"] / fast["steady_ms"]["1"]
+            yield Line(f"{model}: exact step against fast", f"{ratio:.3f}x", None, info=True)
+        yield from shape_changes(model, found)
+
+
+def shape_changes(model: str, found: dict) -> Iterator[Line]:
+    steady = found["steady_ms"]
+    for key, shape in (("run_ms", lambda n: n), ("padded_run_ms", lambda n: 8)):
+        if key not in found:
+            continue
+        ratios = {n: ms / steady[str(shape(int(n)))] for n, ms in found[key].items()}
+        worst = max(ratios, key=lambda k: ratios[k])
+        yield Line(
+            f"{model}: a run's decodes ({key}) within {SHAPE_CHANGE_RATIO}x of steady",
+            f"worst {ratios[worst]:.2f}x (n={worst})",
+            ratios[worst] <= SHAPE_CHANGE_RATIO,
+        )
+
+
+def suite_rows(bench: dict) -> dict[str, dict]:
+    return {
+        r["configuration"]: r for r in bench["summary"]["configurations"] if r["name"] == "suite"
+    }
+
+
+def bench_lines(tag: str, bench: dict | None) -> Iterator[Line]:
+    """`specdec bench`: the oracle's ceiling with identical answers, and exact mode's target
+    alone against llama.cpp's kernels."""
+    oracle_target = ORACLE_SPEEDUP.get(tag)
+    label = f"bench {tag}: oracle" + (
+        f" >= {oracle_target}x, {BENCH_PROMPTS}/{BENCH_PROMPTS} identical" if oracle_target else ""
+    )
+    if bench is None:
+        yield Line(label, "not run", None, info=oracle_target is None)
+        return
+    rows = suite_rows(bench)
+    oracle = rows.get("oracle")
+    if oracle is None:
+        yield Line(label, "no oracle row", None)
+    else:
+        speedup = oracle["speedup"]["median"]
+        identical = f"{oracle['identical_prompts']}/{oracle['compared_prompts']}"
+        measured = f"{speedup:.2f}x, identical {identical}"
+        if oracle_target is None:
+            yield Line(label, measured, None, info=True)
+        else:
+            all_identical = (
+                oracle["identical_prompts"] == oracle["compared_prompts"] == BENCH_PROMPTS
+            )
+            yield Line(label, measured, speedup >= oracle_target and all_identical)
+    alone = rows.get("target alone, exact")
+    if alone is not None and oracle_target:
+        speedup = alone["speedup"]["median"]
+        yield Line(
+            f"bench {tag}: exact alone >= {EXACT_ALONE_SPEEDUP}x of fast",
+            f"{speedup:.3f}x",
+            speedup >= EXACT_ALONE_SPEEDUP,
+        )
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def verdict(log_dir: Path) -> list[Line]:
+    log = (
+        (log_dir / "run.log").read_text(errors="replace") if (log_dir / "run.log").exists() else ""
+    )
+    lines: list[Line] = [*kernel_test(log), *kernel_bench(log), *library_exports(log)]
+    lines += model_checks(read_json(log_dir / "check.json") or {})
+    for tag in ("7b", "1.5b", "7b-padded"):
+        lines += bench_lines(tag, read_json(log_dir / f"bench-{tag}.json"))
+    return lines
+
+
+def main() -> int:
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        print(
+            "usage: python scripts/gpu_verdict.py LOGDIR (the folder scripts/gpu_device.sh wrote)",
+            file=sys.stderr,
+        )
+        return 2
+    lines = verdict(Path(sys.argv[1]))
+    for line in lines:
+        print(line.render())
+    return 0 if all(line.met for line in lines if not line.info) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

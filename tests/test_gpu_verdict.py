@@ -1,0 +1,194 @@
+"""scripts/gpu_verdict.py reads a GPU run's logs against issue 40's targets: a run that met
+them passes, and each way of missing one (or of not getting that far) fails, naming it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_verdict.py"
+MODELS = ("qwen2.5-7b.gguf", "qwen2.5-1.5b.gguf")
+
+
+@pytest.fixture(scope="module")
+def gpu_verdict():
+    spec = importlib.util.spec_from_file_location("gpu_verdict", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_verdict"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_row(matrix: str, warps: int, floor: float, us: list[float]) -> str:
+    """A row as test_mmv_tc.cu's bench prints it ("%-20s %5d %8.1f", " %9.1f" per column count,
+    " %8.2fx %9.0f")."""
+    columns = "".join(f" {t:9.1f}" for t in us)
+    return f"{matrix:<20} {warps:5d} {floor:8.1f}{columns} {us[3] / us[0]:8.2f}x {1e4 / us[0]:9.0f}"
+
+
+def run_log(kernel: str = "ok", n8: float = 12.5, exported: int = 0) -> str:
+    tests = [
+        f"{t}, {w} warps: {kernel if t == 'Q6_K' else 'ok'} (double product: 1e-08)"
+        for w in (8, 4, 16)
+        for t in ("Q4_K", "Q6_K", "Q8_0")
+    ]
+    bench = [
+        "NVIDIA H200; us per product of n columns, and the floor: reading the weights once",
+        bench_row("7B ffn_up Q4_K", 8, 10.1, [12.0, 12.1, 12.3, n8, 20.0, 21.0]),
+        bench_row("7B ffn_up Q4_K", 4, 10.1, [14.0, 14.1, 14.3, 14.5, 24.0, 25.0]),
+        bench_row("1.5B ffn_down Q6_K", 8, 3.0, [4.0, 4.0, 4.1, 4.2, 7.0, 7.1]),
+    ]
+    exports = [
+        f"lib{name}.so: needs libstdc++.so.6: 1, exports libstdc++ code: {count}"
+        for name, count in (("ggml-cuda", exported), ("llama", 0))
+    ]
+    return "\n".join(tests + bench + exports) + "\n"
+
+
+def model_found(
+    identical: int = 8, step: float = 3.8, verify: float = 4.5, run_8: float = 4.6
+) -> dict:
+    invariance = {
+        str(n): {"max_diff": 0.0, "rows_identical": n, "same_argmax": n} for n in (2, 4, 8, 16, 32)
+    }
+    invariance["8"]["rows_identical"] = identical
+    steady = {"1": step, "2": step * 1.05, "8": verify}
+    return {
+        "invariance": invariance,
+        "steady_ms": steady,
+        "run_ms": {"1": step * 1.02, "2": steady["2"], "8": verify},
+        "padded_run_ms": {"1": run_8, "2": run_8, "8": run_8},
+    }
+
+
+def check_json(**exact) -> dict:
+    found = {}
+    for model in MODELS:
+        found[f"{model}:exact"] = model_found(**exact)
+        found[f"{model}:fast"] = model_found(step=3.75, verify=8.3)
+    return found
+
+
+def bench(oracle: float = 3.4, identical: int = 6, alone: float = 0.99) -> dict:
+    def row(label: str, speedup: float, same: int) -> dict:
+        return {
+            "name": "suite",
+            "configuration": label,
+            "speedup": {"median": speedup},
+            "identical_prompts": same,
+            "compared_prompts": 6,
+        }
+
+    rows = [
+        row("target alone, exact", alone, 5),
+        row("oracle", oracle, identical),
+        row("model k=8", 0.95, 6),
+    ]
+    return {"summary": {"configurations": rows}}
+
+
+def write_run(
+    folder: Path, log: str | None = None, check: dict | None = None, benches: dict | None = None
+) -> Path:
+    (folder / "run.log").write_text(run_log() if log is None else log)
+    (folder / "check.json").write_text(json.dumps(check_json() if check is None else check))
+    benches = (
+        {"7b": bench(), "1.5b": bench(oracle=2.4), "7b-padded": bench(oracle=3.9)}
+        if benches is None
+        else benches
+    )
+    for tag, found in benches.items():
+        (folder / f"bench-{tag}.json").write_text(json.dumps(found))
+    return folder
+
+
+def verdict(gpu_verdict, folder: Path, monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["gpu_verdict.py", str(folder)])
+    code = gpu_verdict.main()
+    return code, capsys.readouterr().out
+
+
+def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, capsys):
+    code, out = verdict(gpu_verdict, write_run(tmp_path), monkeypatch, capsys)
+    assert code == 0, out
+    assert "NOT MET" not in out and "missing" not in out
+    assert "met      bench 7b: oracle >= 3.0x, 6/6 identical: 3.40x, identical 6/6" in out
+    assert "info     bench 7b-padded: oracle: 3.90x" in out
+    assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
+
+
+@pytest.mark.parametrize(
+    ("broken", "line"),
+    [
+        (
+            {"log": run_log(kernel="FAILED")},
+            "NOT MET  tensor-core kernel, every column the same bits alone and batched: 6/9 ok",
+        ),
+        (
+            {"log": run_log(n8=14.0)},
+            "NOT MET  tensor-core kernel, 8 columns within 1.1x of one: worst 1.17x",
+        ),
+        (
+            {"log": run_log(exported=3)},
+            "NOT MET  no library exports libstdc++'s code: 3 functions in 2 libraries",
+        ),
+        (
+            {"check": check_json(identical=7)},
+            "NOT MET  qwen2.5-7b.gguf: every exact row identical, n = 2..32: rows differ at n = 8",
+        ),
+        (
+            {"check": check_json(verify=5.3)},
+            "NOT MET  qwen2.5-7b.gguf: verifying 8 rows within 1.3x of a step: 1.39x",
+        ),
+        (
+            {"check": check_json(run_8=5.1)},
+            "(padded_run_ms) within 1.1x of steady: worst 1.13x (n=1)",
+        ),
+        (
+            {"benches": {"7b": bench(identical=5), "1.5b": bench()}},
+            "NOT MET  bench 7b: oracle >= 3.0x, 6/6 identical: 3.40x, identical 5/6",
+        ),
+        (
+            {"benches": {"7b": bench(oracle=2.9), "1.5b": bench()}},
+            "NOT MET  bench 7b: oracle >= 3.0x, 6/6 identical: 2.90x",
+        ),
+        (
+            {"benches": {"7b": bench(), "1.5b": bench(alone=0.96)}},
+            "NOT MET  bench 1.5b: exact alone >= 0.97x of fast: 0.960x",
+        ),
+    ],
+)
+def test_each_target_missed_fails_and_is_named(
+    gpu_verdict, tmp_path, monkeypatch, capsys, broken, line
+):
+    code, out = verdict(gpu_verdict, write_run(tmp_path, **broken), monkeypatch, capsys)
+    assert code == 1
+    assert line in out
+
+
+def test_a_run_that_stopped_early_is_not_taken_for_one_that_passed(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    """The device call ran out of time after the kernel's test: what it did not reach is
+    missing, and the verdict fails."""
+    (tmp_path / "run.log").write_text(run_log())
+    code, out = verdict(gpu_verdict, tmp_path, monkeypatch, capsys)
+    assert code == 1
+    assert "missing  gpu_check.py: every exact row identical, n = 2..32: not run" in out
+    assert "missing  bench 1.5b: oracle >= 2.0x, 6/6 identical: not run" in out
+    assert (
+        "bench 7b-padded" in out and "missing  bench 7b-padded" not in out
+    )  # no target of its own
+
+
+def test_the_verdict_of_a_folder_that_is_not_there_is_a_usage_error(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(sys, "argv", ["gpu_verdict.py", str(tmp_path / "absent")])
+    assert gpu_verdict.main() == 2
+    assert "usage:" in capsys.readouterr().err
