@@ -147,27 +147,7 @@ def serve(
     from ..serve.launch import ServeOptions, ServeRequest
     from ..serve.launch import serve as run_server
 
-    shared = SharedOptions(
-        system=system,
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=stop,
-        draft_max=draft_max,
-        threads=threads,
-        ctx_size=ctx_size,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        rpc=rpc,
-        tensor_split=tensor_split,
-        force=force,
-        exact=exact,
-        rule=rule,
-        verbose=verbose,
-    )
+    shared = SharedOptions.given(locals())
 
     with user_errors():
         if parallel > 1 and rpc:  # before any model is resolved (or downloaded)

@@ -4,9 +4,11 @@ check them, read the files they name, resolve the models, build the request."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from .. import render
 from ..decoding.modes import DrafterMode, default_draft_max
@@ -153,6 +155,12 @@ class SharedOptions:
     exact: bool
     rule: SamplingRule
     verbose: bool
+
+    @classmethod
+    def given(cls, arguments: Mapping[str, Any]) -> SharedOptions:
+        """Picked out of a command's arguments (its `locals()`), which name every field: the
+        options are declared per command for typer, and gathered here once."""
+        return cls(**{field.name: arguments[field.name] for field in fields(cls)})
 
     def hardware(self) -> HardwareOptions:
         """Checked first, before any model is looked up (a bad --tensor-split fetches nothing)."""
