@@ -9,7 +9,8 @@
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
 # exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
-# (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build. Ends with
+# (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build; where it
+# fails, the rest runs with TC=0. Ends with
 # scripts/gpu_verdict.py: each of issue 40's targets, met or not; `python3 scripts/gpu_verdict.py LOGDIR`
 # reads the logs of a call that ran out of time the same way.
 set -u
@@ -20,7 +21,16 @@ exec > >(tee -a "$LOG/run.log") 2>&1
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 nvcc --version | tail -1; nproc; grep -m1 'model name' /proc/cpuinfo
-t "tensor-core kernel's own test"; timeout 120 make -s -C native/cuda gpu-test OUT=$W/cuda || t "KERNEL TEST FAILED"
+t "tensor-core kernel's own test"
+TC=${TC:-1}
+if ! timeout 120 make -s -C native/cuda gpu-test OUT=$W/cuda; then
+  # A kernel that gives other bits than its documented order is not measured as exact mode's:
+  # its bench alone still says what it costs, and the rest measures patch 0003's kernels.
+  t "KERNEL TEST FAILED: its bench alone, then the checks and benches without it (TC=0)"
+  [ -x $W/cuda/test_mmv_tc_gpu ] && timeout 60 $W/cuda/test_mmv_tc_gpu bench
+  TC=0
+fi
+echo "exact products: SPECDEC_CUDA_MMV_TC=$TC"
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site "$G"/whl/*.whl
 mkdir -p $W/b $W/m $W/home && tar -xzf "$G/src.tar.gz" -C $W/b
 S=$W/b/llama_cpp_python-$(cat "$G/version")
@@ -60,7 +70,7 @@ done
 # A build whose libraries each carry libstdc++ statically (no --exclude-libs) crashes at load
 # without this: a measurement aid for such a build, never the fix (build_flags.py has that).
 [ -n "${PRELOAD_LIBSTDCXX:-}" ] && export LD_PRELOAD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
-export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L SPECDEC_CUDA_MMV_TC=${TC:-1}
+export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L SPECDEC_CUDA_MMV_TC=$TC
 wait $models; tail -3 $W/models.log
 python3 -c "
 from specdec_cli.llama import library as b

@@ -105,6 +105,16 @@ def kernel_bench(log: str) -> Iterator[Line]:
         yield Line(f"n=1 against reading the weights once, {warps} warps", floors, None, info=True)
 
 
+def exact_products(log: str) -> Iterator[Line]:
+    """Which kernels the checks and benches gave exact mode's Q4_K, Q6_K and Q8_0 products
+    (gpu_device.sh leaves the tensor-core kernel out where its own test failed)."""
+    found = re.search(r"^exact products: SPECDEC_CUDA_MMV_TC=(\d)", log, re.MULTILINE)
+    measured = "not recorded"
+    if found:
+        measured = "specdec's tensor-core kernel" if found.group(1) == "1" else "patch 0003's MMVQ"
+    yield Line("exact mode's quantised products in the checks and benches", measured, None, True)
+
+
 def library_exports(log: str) -> Iterator[Line]:
     counts = [int(n) for n in re.findall(r"exports libstdc\+\+ code: (\d+)", log)]
     measured = f"{sum(counts)} functions in {len(counts)} libraries" if counts else "not run"
@@ -209,7 +219,8 @@ def verdict(log_dir: Path) -> list[Line]:
     log = (
         (log_dir / "run.log").read_text(errors="replace") if (log_dir / "run.log").exists() else ""
     )
-    lines: list[Line] = [*kernel_test(log), *kernel_bench(log), *library_exports(log)]
+    lines: list[Line] = [*kernel_test(log), *kernel_bench(log), *exact_products(log)]
+    lines += library_exports(log)
     lines += model_checks(read_json(log_dir / "check.json") or {})
     for tag in ("7b", "1.5b", "7b-padded"):
         lines += bench_lines(tag, read_json(log_dir / f"bench-{tag}.json"))

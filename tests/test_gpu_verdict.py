@@ -31,7 +31,7 @@ def bench_row(matrix: str, warps: int, floor: float, us: list[float]) -> str:
     return f"{matrix:<20} {warps:5d} {floor:8.1f}{columns} {us[3] / us[0]:8.2f}x {1e4 / us[0]:9.0f}"
 
 
-def run_log(kernel: str = "ok", n8: float = 12.5, exported: int = 0) -> str:
+def run_log(kernel: str = "ok", n8: float = 12.5, exported: int = 0, tc: int = 1) -> str:
     tests = [
         f"{t}, {w} warps: {kernel if t == 'Q6_K' else 'ok'} (double product: 1e-08)"
         for w in (8, 4, 16)
@@ -47,7 +47,8 @@ def run_log(kernel: str = "ok", n8: float = 12.5, exported: int = 0) -> str:
         f"lib{name}.so: needs libstdc++.so.6: 1, exports libstdc++ code: {count}"
         for name, count in (("ggml-cuda", exported), ("llama", 0))
     ]
-    return "\n".join(tests + bench + exports) + "\n"
+    products = [f"exact products: SPECDEC_CUDA_MMV_TC={tc}"]
+    return "\n".join(tests + bench + products + exports) + "\n"
 
 
 def model_found(
@@ -124,6 +125,19 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert "met      bench 7b: oracle >= 3.0x, 6/6 identical: 3.40x, identical 6/6" in out
     assert "info     bench 7b-padded: oracle: 3.90x" in out
     assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
+    products = "info     exact mode's quantised products in the checks and benches"
+    assert f"{products}: specdec's tensor-core kernel" in out
+
+
+def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    """gpu_device.sh measures patch 0003's kernels instead: the verdict says which ran."""
+    code, out = verdict(
+        gpu_verdict, write_run(tmp_path, log=run_log(kernel="FAILED", tc=0)), monkeypatch, capsys
+    )
+    assert code == 1
+    assert "quantised products in the checks and benches: patch 0003's MMVQ" in out
 
 
 @pytest.mark.parametrize(
