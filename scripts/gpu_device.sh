@@ -89,7 +89,9 @@ bench() {  # target drafter modes tag
       --max-tokens 64 --json "$LOG/bench-$4.json" > $W/bench-$4.txt 2>&1
   tail -14 $W/bench-$4.txt
 }
-t bench 7b; bench qwen2.5-7b qwen2.5-0.5b oracle,model 7b
+# combined: the default mode, whose planner must keep the target's pace with a drafter
+# (random weights) that is never right
+t bench 7b; bench qwen2.5-7b qwen2.5-0.5b oracle,model,combined 7b
 t bench 1.5b; bench qwen2.5-1.5b qwen2.5-0.5b oracle 1.5b
 # Verifications padded to multiples of 8 rows (exactness.VERIFY_PADDING): does keeping one
 # shape pay on this GPU? Compare its oracle with bench-7b's.

@@ -127,6 +127,7 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
     products = "info     exact mode's quantised products in the checks and benches"
     assert f"{products}: specdec's tensor-core kernel" in out
+    assert "info     bench 7b: model k=8: 0.95x, identical 6/6" in out
 
 
 def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(
