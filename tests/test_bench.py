@@ -548,7 +548,7 @@ def test_prediction_modes_use_the_prompts_prediction(tiny_models, tmp_path):
     )
     assert prompts[0].prediction
     configurations = bench_configs.configurations(None, drafters("ngram,ngram+prediction"))
-    assert [c.prediction for c in configurations] == [False, True]
+    assert [c.drafter.prediction for c in configurations] == [False, True]
     base = bench.GenerationSettings(prediction=(1, 2, 3))
     assert configurations[0].settings(base).prediction == ()
     assert configurations[1].settings(base).prediction == (1, 2, 3)
@@ -572,7 +572,7 @@ def test_history_modes_parse_and_only_adaptive_modes_take_them():
     assert drafters("ngram+prediction+history") == drafters("ngram+history+prediction") == [ngram]
     assert ngram.name == "ngram+prediction+history"
     configurations = bench_configs.configurations(None, drafters("ngram,ngram+history"))
-    assert [c.history for c in configurations] == [False, True]
+    assert [c.drafter.history for c in configurations] == [False, True]
     with pytest.raises(BadUsageError, match="fixed\\+history"):
         drafters("fixed+history")
 

@@ -223,7 +223,7 @@ def _measure_prompt(
     for repeat in range(request.repeats):
         seed = request.seed(repeat)  # both sides of a repeat sample with the same seed
         base = _settings(pair, request, prompt, seed)
-        wanted = any(c.history for c in request.configurations)
+        wanted = any(c.drafter.history for c in request.configurations)
         history = (
             _session_history(pair.target, request, references, prompt, repeat) if wanted else None
         )
@@ -286,7 +286,7 @@ def _oracle_answer(
     repeat: int,
 ) -> list[int]:
     """What the oracle drafts on this side (nothing on the others)."""
-    oracle = configuration is not None and configuration.drafter == BenchOnly.ORACLE
+    oracle = configuration is not None and configuration.mode == BenchOnly.ORACLE
     return references.get((prompt.id, repeat), []) if oracle else []
 
 
@@ -310,7 +310,7 @@ def _serve_previous(
     exact = configuration is not None and request.decode.hardware.exact
     answer = _oracle_answer(configuration, references, previous, repeat)
     history = None
-    if configuration is not None and configuration.history:
+    if configuration is not None and configuration.drafter.history:
         history = _session_history(pair.target, request, references, previous, repeat)
     _generate(pair, tokens, base, configuration, NoProgress(), exact, answer, history)
     return True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from ..decoding.costs import CostModel
@@ -92,18 +92,29 @@ class Configuration:
     """One way of running speculatively: a drafting mode and its settings, under a label."""
 
     label: str
-    drafter: BenchMode = DrafterMode.COMBINED  # the drafting mode; see modes.build_drafter
+    drafter: BenchDrafter = BenchDrafter(DrafterMode.COMBINED)
     draft_max: int = 8
     draft_model: str | None = None  # one of the extra drafters by name; None: the main one
-    prediction: bool = False  # drafts may follow the prompt's prediction (Predicted Outputs)
-    history: bool = False  # drafts may follow the session's earlier prompts and answers
+
+    @property
+    def mode(self) -> BenchMode:
+        """The drafting mode; see modes.build_drafter."""
+        return self.drafter.mode
 
     def settings(self, base: GenerationSettings) -> GenerationSettings:
-        prediction = base.prediction if self.prediction else ()
+        prediction = base.prediction if self.drafter.prediction else ()
         return replace(base, draft_max=self.draft_max, prediction=prediction)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """As the JSON report gives it: the drafter's mode and its two switches side by side."""
+        return {
+            "label": self.label,
+            "drafter": self.mode,
+            "draft_max": self.draft_max,
+            "draft_model": self.draft_model,
+            "prediction": self.drafter.prediction,
+            "history": self.drafter.history,
+        }
 
 
 def configurations(
@@ -116,20 +127,16 @@ def configurations(
     without lengths, each at its mode's default. Modes that use a draft model run once more
     with each extra drafter. Exact benches first run the target alone with the exact
     kernels: what exactness costs, and the answer every exact configuration must give."""
-    found = [Configuration(EXACT_ALONE, DrafterMode.NONE, 1)] if exact else []
+    found = [Configuration(EXACT_ALONE, BenchDrafter(DrafterMode.NONE), 1)] if exact else []
     for drafter in drafters:
         if drafter.mode == BenchOnly.ORACLE:  # its lengths come from the cost table
-            found.append(Configuration(ORACLE, BenchOnly.ORACLE, ADAPTIVE_DRAFT_LIMIT))
+            found.append(Configuration(ORACLE, drafter, ADAPTIVE_DRAFT_LIMIT))
             continue
         drafts = [None, *extra_drafts] if drafter.needs_draft_model else [None]
         for draft in drafts:
             for k in dict.fromkeys(draft_max or [default_draft_max(drafter.mode)]):
                 label = f"{drafter.name} k={k}" + (f" ({draft})" if draft else "")
-                found.append(
-                    Configuration(
-                        label, drafter.mode, k, draft, drafter.prediction, drafter.history
-                    )
-                )
+                found.append(Configuration(label, drafter, k, draft))
     return found
 
 
@@ -175,7 +182,7 @@ def make_drafter(
     go). The pair's costs, measured once per bench, spare each run its own timing probe.
     `reference`: the target alone's answer in this repeat, for the oracle; `history`: the
     session's earlier prompts and answers, for "+history" modes."""
-    mode = configuration.drafter
+    mode = configuration.mode
     if mode == DrafterMode.NONE:
         return None
     if mode == BenchOnly.ORACLE:
@@ -186,13 +193,11 @@ def make_drafter(
     if configuration.draft_model is not None:
         drafter, costs = pair.alternates[configuration.draft_model]
     if mode.needs_draft_model and drafter is None:
-        raise BadUsageError(
-            f"the '{configuration.drafter}' drafter needs a draft model.", "Pass --draft."
-        )
+        raise BadUsageError(f"the '{mode}' drafter needs a draft model.", "Pass --draft.")
     fresh = costs.fresh() if costs is not None else None  # each run learns on its own copy
     by_text = pair.drafts_by_text(drafter)
     built = build_drafter(mode, pair.target, drafter, fresh, by_text)
-    use_history(built, history if configuration.history else None)
+    use_history(built, history if configuration.drafter.history else None)
     return built
 
 
