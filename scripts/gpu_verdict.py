@@ -154,17 +154,25 @@ def model_checks(check: dict) -> Iterator[Line]:
 
 
 def shape_changes(model: str, found: dict) -> Iterator[Line]:
-    """gpu_check.py's ratios of each decode in a run to its shape's steady cost."""
+    """gpu_check.py's ratios of each decode in a run to its shape's steady cost. Either way of
+    running meets the target: plain verifications, or verifications padded to one width (then
+    exactness.VERIFY_PADDING should pad on this backend)."""
+    worst = {}
     for key in ("run", "padded_run"):
-        ratios = found.get(f"{key}_against_steady")
-        if ratios is None:
-            continue
-        worst = max(ratios, key=lambda k: ratios[k])
-        yield Line(
-            f"{model}: a run's decodes ({key}_ms) within {SHAPE_CHANGE_RATIO}x of steady",
-            f"worst {ratios[worst]:.2f}x (n={worst})",
-            ratios[worst] <= SHAPE_CHANGE_RATIO,
-        )
+        if (ratios := found.get(f"{key}_against_steady")) is not None:
+            n = max(ratios, key=lambda k: ratios[k])
+            worst[key] = (ratios[n], n)
+    if not worst:
+        return
+    measured = "; ".join(f"{key}: worst {r:.2f}x (n={n})" for key, (r, n) in worst.items())
+    met = [key for key, (r, _) in worst.items() if r <= SHAPE_CHANGE_RATIO]
+    if met == ["padded_run"]:
+        measured += ": met padded only, pad verifications on this backend"
+    yield Line(
+        f"{model}: a run's decodes within {SHAPE_CHANGE_RATIO}x of steady, plain or padded",
+        measured,
+        bool(met),
+    )
 
 
 def suite_rows(bench: dict) -> dict[str, dict]:
