@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.exactness import padded_rows
 from specdec_cli.llama.library import cuda_products, system_info
 
 TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
@@ -66,10 +67,10 @@ def timed(backend: LlamaBackend, context: list[int], tail: list[int], pattern) -
 
 
 def against_steady(run_ms: dict, steady_ms: dict, padding: int) -> dict:
-    """Each decode of a run against the steady cost of the shape it took: n rows padded to
-    the next multiple of `padding`."""
+    """Each decode of a run against the steady cost of the shape it took: n rows padded as
+    the backend pads them (exactness.padded_rows)."""
     return {
-        n: round(ms / steady_ms[-(-n // padding) * padding], 3) for n, ms in sorted(run_ms.items())
+        n: round(ms / steady_ms[padded_rows(n, padding)], 3) for n, ms in sorted(run_ms.items())
     }
 
 

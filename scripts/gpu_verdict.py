@@ -214,8 +214,9 @@ def bench_lines(tag: str, bench: dict | None) -> Iterator[Line]:
             f"{speedup:.3f}x",
             speedup >= EXACT_ALONE_SPEEDUP,
         )
+    judged = ("oracle", "target alone, exact") if oracle_target else ("oracle",)
     for label, row in rows.items():
-        if label not in ("oracle", "target alone, exact"):
+        if label not in judged:
             yield Line(f"bench {tag}: {label}", speedup_and_identity(row), None, info=True)
 
 

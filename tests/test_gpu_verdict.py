@@ -132,6 +132,7 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     products = "info     exact mode's quantised products in the checks and benches"
     assert f"{products}: specdec's tensor-core kernel" in out
     assert "info     bench 7b: model k=8: 0.95x, identical 6/6" in out
+    assert "info     bench 7b-padded: target alone, exact: 0.99x, identical 5/6" in out
 
 
 def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(

@@ -51,8 +51,8 @@ def test_a_padded_verification_gives_each_row_its_unpadded_logits(tiny_models):
         assert np.array_equal(got, expected)
         assert padded.cached == plain.cached  # the padding's cells are gone
         tokens = tokens[n:]
-    assert widths.widths == [8, 8, 8, 8]
-    assert padded.tokens_decoded - plain.tokens_decoded == 5 + 7 + 0 + 3
+    assert widths.widths == [8, 1, 8, 8]
+    assert padded.tokens_decoded - plain.tokens_decoded == 5 + 0 + 0 + 3
 
 
 def test_padding_stops_at_the_end_of_the_context(tiny_models):
@@ -67,14 +67,17 @@ def test_padding_stops_at_the_end_of_the_context(tiny_models):
     assert len(padded.cached) == padded.n_ctx - 2
 
 
-def test_plain_steps_are_padded_and_prompts_are_not(tiny_models):
+def test_verifications_are_padded_and_single_steps_and_prompts_are_not(tiny_models):
+    """A single token is the target alone's every step: one shape already, padded it would
+    cost a verification."""
     padded = exact_backend(tiny_models.target, 4)
     widths = ChunkWidths(padded)
     tokens = padded.tokenize(CONTEXT, add_special=True)
-    padded.decode(tokens[:-3], 1, prompt=True)
+    padded.decode(tokens[:-5], 1, prompt=True)
+    padded.decode(tokens[-5:-3], 2)
     padded.decode(tokens[-3:-2], 1)
     padded.decode(tokens[-2:], 1, prompt=True)  # a prompt's tail: one logit row, not padded
-    assert widths.widths[-2:] == [4, 2]
+    assert widths.widths[-3:] == [4, 1, 2]
 
 
 def test_an_answer_drafted_and_verified_in_padded_batches_is_the_target_alones(tiny_models):
@@ -87,7 +90,7 @@ def test_an_answer_drafted_and_verified_in_padded_batches_is_the_target_alones(t
     expected = answer(Generation(alone, prompt, settings))
     got = answer(Generation(target, prompt, settings, drafter=drafter))
     assert got == expected
-    verifications = [width for width in widths.widths if width <= 8]
+    verifications = [width for width in widths.widths if 1 < width <= 8]
     assert verifications and set(verifications) == {8}
 
 

@@ -18,6 +18,7 @@ from ..decoding.backend import kept_prefix, raise_if_stopped
 from ..errors import ContextOverflowError, ModelFileError
 from . import library
 from .batches import aligned_bounds, chunk_bounds, decode_failure
+from .exactness import padded_rows
 from .library import (
     DRAFT_ROUND_ROWS,
     EXACT_BATCH_ROWS,
@@ -202,10 +203,9 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         return logits
 
     def _padded_width(self, n_tokens: int) -> int:
-        """The rows a decode of `n_tokens` generated tokens takes: the next multiple of
-        `verify_padding` (exactness.VERIFY_PADDING), within one invariant batch and the
-        context's room."""
-        width = -(-n_tokens // self.verify_padding) * self.verify_padding
+        """The rows a decode of `n_tokens` generated tokens takes (exactness.padded_rows by
+        `verify_padding`), within one invariant batch and the context's room."""
+        width = padded_rows(n_tokens, self.verify_padding)
         room = self.n_ctx - len(self.cached)
         return max(n_tokens, min(width, EXACT_BATCH_ROWS, self.n_batch, room))
 

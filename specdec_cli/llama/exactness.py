@@ -24,12 +24,23 @@ INVARIANT_SWITCHES = {
 # repeating its last token, whose logits are dropped and whose cache cells are freed at once),
 # so that the backend sees few batch shapes: llama.cpp reuses its graph only for the shape it
 # built last, and CUDA captures a graph per shape. Invariant kernels make padding change no
-# row's logits. 1: decoded as it is. On the CPU rows cost compute, not graphs. On CUDA, for now
-# 1 as well: there a shape change costs 0.5 ms on a 7B step of 3.8 ms (H200, alternating n=1
-# and n=8: 1.13x its steady cost), while padding 3 rows to 8 would cost about 3 ms with today's
-# invariant kernels (0.63 ms a column beyond the first); it pays once verify(8) nears one step.
+# row's logits. A single token is never padded (padded_rows): the target alone decodes only
+# those, one shape already, and after a verification its graph rebuild (0.5 ms on the 7B
+# shape) costs less than 8 rows would, even at 1.2x a step. 1: decoded as it is. On the CPU
+# rows cost compute, not graphs. On CUDA, for now 1 as well: there a shape change costs 0.5 ms
+# on a 7B step of 3.8 ms (H200, alternating n=1 and n=8: 1.13x its steady cost), while padding
+# 3 rows to 8 would cost about 3 ms with today's invariant kernels (0.63 ms a column beyond
+# the first); it pays once verify(8) nears one step.
 # SPECDEC_VERIFY_PADDING=N sets it for every backend, to measure (scripts/gpu_device.sh).
 VERIFY_PADDING = {"CPU": 1, "CUDA": 1}
+
+
+def padded_rows(n_rows: int, padding: int) -> int:
+    """The rows a decode of `n_rows` generated tokens takes where verifications are padded to
+    multiples of `padding`: the next multiple, or one for a single token."""
+    return n_rows if n_rows == 1 else -(-n_rows // padding) * padding
+
+
 # ggml's registry names of GPU backends. A build with one compiled in registers it even where it
 # finds no device (no driver, no GPU visible): such a build cannot do what it was built for.
 GPU_REGISTRIES = ("CUDA", "ROCm", "MUSA", "Metal", "Vulkan", "SYCL", "OpenCL", "CANN")
