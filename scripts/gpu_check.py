@@ -8,8 +8,9 @@ rows are bit-identical and how many keep the same top token. Then the steady cos
 of n tokens (the same n again and again: CUDA graphs stay captured), and the cost of n=1 and of
 n=8 when they alternate, as a drafter's steps and a target's verifications do in one context,
 and of the sizes a speculative run's decodes take one after another (RUN_PATTERN), plain and
-padded to multiples of 8 rows (exactness.VERIFY_PADDING), each against its shape's steady cost:
-whether padding keeps every decode within 10% of it, and what it costs. Exits non-zero if an
+padded to multiples of 8 rows (exactness.padded_rows: verifications only, a single token stays
+one row), each against its shape's steady cost: whether padding keeps every decode within 10%
+of it, and what it costs. Exits non-zero if an
 exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1 runs exact mode's
 Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
