@@ -353,6 +353,12 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         del self.cached[n_keep:]
         self._aligned_prompt_end = min(self._aligned_prompt_end, n_keep)
 
+    def graphs_reused(self) -> int:
+        """How many of this context's decodes so far reused a graph llama.cpp had built and
+        allocated before: each small shape keeps its own (patch 0005), where llama.cpp alone
+        keeps only the last shape's."""
+        return int(llama_cpp.llama_perf_context(self._ctx).n_reused)
+
     # -- description -----------------------------------------------------------------------
 
     def describe(self) -> dict:
