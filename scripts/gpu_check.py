@@ -10,7 +10,8 @@ n=8 when they alternate, as a drafter's steps and a target's verifications do in
 and of the sizes a speculative run's decodes take one after another (RUN_PATTERN), plain and
 padded to multiples of 8 rows (exactness.padded_rows: verifications only, a single token stays
 one row), each against its shape's steady cost: whether padding keeps every decode within 10%
-of it, and what it costs. Exits non-zero if an
+of it, and what it costs; with how many of those decodes reused a graph (patch 0005). Exits
+non-zero if an
 exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1 runs exact mode's
 Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
@@ -67,6 +68,15 @@ def timed(backend: LlamaBackend, context: list[int], tail: list[int], pattern) -
     return {n: round(1000 * float(np.median(v)), 3) for n, v in times.items()}
 
 
+def timed_phase(found: dict, key: str, backend: LlamaBackend, context, tail, pattern) -> None:
+    """`timed` as found[key_ms], and how many of its decodes reused a graph (patch 0005 keeps
+    one per shape) as found[key_graphs_reused]."""
+    before = backend.graphs_reused()
+    found[f"{key}_ms"] = timed(backend, context, tail, pattern)
+    decodes = len(pattern) * (REPEATS + WARMUP)
+    found[f"{key}_graphs_reused"] = f"{backend.graphs_reused() - before}/{decodes}"
+
+
 def against_steady(run_ms: dict, steady_ms: dict, padding: int) -> dict:
     """Each decode of a run against the steady cost of the shape it took: n rows padded as
     the backend pads them (exactness.padded_rows)."""
@@ -84,12 +94,12 @@ def check(path: str, ngl: int, exact: bool) -> dict:
         backend.decode(context, 1, prompt=True)
         found = {"invariance": invariance(backend, context, tail)}
         found["steady_ms"] = {n: timed(backend, context, tail, [n])[n] for n in COST_SIZES}
-        found["alternating_ms"] = timed(backend, context, tail, [1, 8])
-        found["run_ms"] = timed(backend, context, tail, RUN_PATTERN)
+        timed_phase(found, "alternating", backend, context, tail, [1, 8])
+        timed_phase(found, "run", backend, context, tail, RUN_PATTERN)
         found["run_against_steady"] = against_steady(found["run_ms"], found["steady_ms"], 1)
         if exact:
             backend.verify_padding = PADDING
-            found["padded_run_ms"] = timed(backend, context, tail, RUN_PATTERN)
+            timed_phase(found, "padded_run", backend, context, tail, RUN_PATTERN)
             found["padded_run_against_steady"] = against_steady(
                 found["padded_run_ms"], found["steady_ms"], PADDING
             )
@@ -109,7 +119,11 @@ def report(key: str, found: dict) -> None:
     print("  steady ms by n:", " ".join(f"{n}:{v}" for n, v in steady.items()))
     print("  as multiples of n=1:", " ".join(f"{n}:{v / steady[1]:.2f}" for n, v in steady.items()))
     alternating = found["alternating_ms"]
-    print(f"  n=1 and n=8 alternating: {alternating[1]} and {alternating[8]} ms", flush=True)
+    print(
+        f"  n=1 and n=8 alternating: {alternating[1]} and {alternating[8]} ms,"
+        f" graphs reused {found['alternating_graphs_reused']}",
+        flush=True,
+    )
     for key in ("run", "padded_run"):
         if f"{key}_ms" in found:
             ratios = " ".join(
@@ -117,6 +131,7 @@ def report(key: str, found: dict) -> None:
                 for n, ratio in found[f"{key}_against_steady"].items()
             )
             print(f"  {key}_ms (ms / against its shape's steady cost): {ratios}", flush=True)
+            print(f"  {key} graphs reused: {found[f'{key}_graphs_reused']}", flush=True)
 
 
 def main() -> int:

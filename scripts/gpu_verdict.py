@@ -164,7 +164,9 @@ def shape_changes(model: str, found: dict) -> Iterator[Line]:
             worst[key] = (ratios[n], n)
     if not worst:
         return
-    measured = "; ".join(f"{key}: worst {r:.2f}x (n={n})" for key, (r, n) in worst.items())
+    measured = "; ".join(
+        f"{key}: worst {r:.2f}x (n={n}){graphs_reused(found, key)}" for key, (r, n) in worst.items()
+    )
     met = [key for key, (r, _) in worst.items() if r <= SHAPE_CHANGE_RATIO]
     if met == ["padded_run"]:
         measured += ": met padded only, pad verifications on this backend"
@@ -173,6 +175,12 @@ def shape_changes(model: str, found: dict) -> Iterator[Line]:
         measured,
         bool(met),
     )
+
+
+def graphs_reused(found: dict, key: str) -> str:
+    """How many of a run's decodes reused their shape's graph (patch 0005), where measured."""
+    reused = found.get(f"{key}_graphs_reused")
+    return f", graphs reused {reused}" if reused else ""
 
 
 def suite_rows(bench: dict) -> dict[str, dict]:

@@ -231,3 +231,14 @@ def test_the_verdict_of_a_folder_that_is_not_there_is_a_usage_error(
     monkeypatch.setattr(sys, "argv", ["gpu_verdict.py", str(tmp_path / "absent")])
     assert gpu_verdict.main() == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_a_run_says_how_many_of_its_decodes_reused_their_graphs(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    check = check_json(plain=1.13)
+    for found in check.values():
+        found["run_graphs_reused"] = "180/184"
+    code, out = verdict(gpu_verdict, write_run(tmp_path, check=check), monkeypatch, capsys)
+    assert code == 0, out
+    assert "run: worst 1.13x (n=1), graphs reused 180/184; padded_run: worst 1.02x (n=1):" in out
