@@ -4,7 +4,8 @@
 # carried. Builds llama.cpp with CUDA (sm_90 unless CUDA_ARCH says otherwise) unless
 # .gpu/lib.tar.xz holds libraries that load here (scripts/gpu_prebuild.sh builds them without a
 # GPU), checks that it loads, writes shape-true random-weight models, then measures exact mode's
-# invariance and costs (scripts/gpu_check.py) and runs `specdec bench` on the GPU.
+# invariance and costs (scripts/gpu_check.py), runs `specdec bench` on the GPU, and times patch
+# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py).
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
@@ -96,6 +97,11 @@ t bench 1.5b; bench qwen2.5-1.5b qwen2.5-0.5b oracle 1.5b
 # Verifications padded to multiples of 8 rows (exactness.VERIFY_PADDING): does keeping one
 # shape pay on this GPU? Compare its oracle with bench-7b's.
 t bench 7b padded; SPECDEC_VERIFY_PADDING=8 bench qwen2.5-7b qwen2.5-0.5b oracle 7b-padded
+# Patch 0005's graphs per shape against llama.cpp's single graph, interleaved in one process
+t "graphs per shape"
+for m in qwen2.5-7b qwen2.5-0.5b; do
+  timeout 60 python3 docs/measurements/experiments/alternating_shapes.py $W/m/$m.gguf 100
+done
 t done
 # issue 40's targets against what this run measured (also what a call cut short did not reach)
 python3 scripts/gpu_verdict.py "$LOG"

@@ -3,6 +3,8 @@ machine: n=8 then n=1 after the same context, as a target's verifications and st
 two contexts of the model, one with llama.cpp's single graph (SPECDEC_GRAPH_SLOTS=0, read
 when a context is made) and one with the patch's slots; interleaved, medians. It also counts
 the graphs each context reused and compares every decode's logits between the two, bit for bit.
+Every layer goes where llama.cpp puts it by default: on the GPU, where the build has one
+(scripts/gpu_device.sh runs it there).
 
     .venv/bin/python docs/measurements/experiments/alternating_shapes.py MODEL.gguf [ROUNDS]
 """
