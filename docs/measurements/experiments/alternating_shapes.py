@@ -17,27 +17,10 @@ import time
 
 import llama_cpp as L
 import numpy as np
+from graph_rebuild_costs import context, decode  # beside this script
 
 CONTEXT_TOKENS = 100
 WIDTHS = (8, 1)
-
-
-def context(model, slots: str):
-    os.environ["SPECDEC_GRAPH_SLOTS"] = slots
-    params = L.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch = 1024, 512, 512
-    params.n_threads = params.n_threads_batch = 2
-    ctx = L.llama_init_from_model(model, params)
-    return ctx, L.llama_get_memory(ctx), L.llama_batch_init(512, 0, 1)
-
-
-def decode(context_, tokens, first_position):
-    ctx, _, batch = context_
-    batch.n_tokens = len(tokens)
-    for i, token in enumerate(tokens):
-        batch.token[i], batch.pos[i] = token, first_position + i
-        batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, 1
-    assert L.llama_decode(ctx, batch) == 0
 
 
 def timed_decode(context_, tokens, n_vocab):
@@ -56,7 +39,10 @@ def main() -> None:
     L.llama_log_set(quiet, ctypes.c_void_p(0))
     model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    contexts = {"one graph": context(model, "0"), "slots": context(model, "8")}
+    contexts = {
+        "one graph": context(model, {"SPECDEC_GRAPH_SLOTS": "0"}),
+        "slots": context(model, {"SPECDEC_GRAPH_SLOTS": "8"}),
+    }
     prompt = [(i * 7919) % 20000 + 100 for i in range(CONTEXT_TOKENS)]
     for context_ in contexts.values():
         decode(context_, prompt, 0)

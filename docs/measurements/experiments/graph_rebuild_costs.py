@@ -21,8 +21,9 @@ DECODES = 300
 CONTEXT_TOKENS = 100
 
 
-def context(model, reuse_disabled: str):
-    os.environ["LLAMA_GRAPH_REUSE_DISABLE"] = reuse_disabled
+def context(model, environment: dict[str, str]):
+    """A context of `model`, made with `environment` set (llama.cpp reads it then)."""
+    os.environ.update(environment)
     params = L.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch = 1024, 512, 512
     params.n_threads = params.n_threads_batch = 2
@@ -51,7 +52,8 @@ def main() -> None:
     quiet = L.llama_log_callback(lambda level, text, user_data: None)
     L.llama_log_set(quiet, ctypes.c_void_p(0))
     model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
-    reused, rebuilt = context(model, "0"), context(model, "1")
+    reused = context(model, {"LLAMA_GRAPH_REUSE_DISABLE": "0"})
+    rebuilt = context(model, {"LLAMA_GRAPH_REUSE_DISABLE": "1"})
     prompt = [(i * 7919) % 20000 + 100 for i in range(CONTEXT_TOKENS)]
     for context_ in (reused, rebuilt):
         decode(context_, prompt, 0)
