@@ -11,9 +11,8 @@ and of the sizes a speculative run's decodes take one after another (RUN_PATTERN
 padded to multiples of 8 rows (exactness.padded_rows: verifications only, a single token stays
 one row), each against its shape's steady cost: whether padding keeps every decode within 10%
 of it, and what it costs; with how many of those decodes reused a graph (patch 0005). Exits
-non-zero if an
-exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1 runs exact mode's
-Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
+non-zero if an exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1
+runs exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
 Run by the GPU kit (scripts/gpu/device.sh) on a machine with a GPU; see README (GPUs).
 """
