@@ -176,13 +176,26 @@ def encode_template_text(backend: Backend, text: str) -> list[int]:
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share. Every round of every answer asks this of
+    the whole context, so it is compared as lists, in C: turning a 2,000-token list into an
+    array took 60 µs a side, 3% of a one-token step of a 7B model on a GPU. A mismatch is
+    found by halving, each half again compared in C."""
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    left = np.asarray(a[:n])
-    right = np.asarray(b[:n])
-    mismatches = np.flatnonzero(left != right)
-    return int(mismatches[0]) if mismatches.size else n
+    left, right = _as_list(a[:n]), _as_list(b[:n])
+    if left == right:
+        return n
+    shared, differs = 0, n  # left[:shared] == right[:shared]; left[:differs] differs
+    while differs - shared > 1:
+        middle = (shared + differs) // 2
+        if left[shared:middle] == right[shared:middle]:
+            shared = middle
+        else:
+            differs = middle
+    return shared
+
+
+def _as_list(tokens: Sequence[int]) -> list:
+    return tokens if type(tokens) is list else list(tokens)
 
 
 def kept_prefix(cached: Sequence[int], tokens: Sequence[int], n_rows: int) -> int:
