@@ -188,6 +188,28 @@ def test_greedy_accept_empty_draft_is_the_argmax():
     assert greedy_accept([], rows_with_argmax([2])) == Verdict(0, 2)
 
 
+class RowsRead:
+    """Logit rows that note which of them are read."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows, self.read = rows, set()
+
+    def __getitem__(self, i):
+        self.read.add(i)
+        return self.rows[i]
+
+    def __array__(self, dtype=None, copy=None):  # read whole
+        self.read.update(range(len(self.rows)))
+        return self.rows
+
+
+def test_greedy_accept_reads_no_row_after_the_first_mismatch():
+    # a row is the whole vocabulary: a rejected draft's later rows are never needed
+    rows = RowsRead(rows_with_argmax([1, 2, 3, 4, 5, 6, 7, 8, 9], n_vocab=10))
+    assert greedy_accept([1, 2, 0, 4, 5, 6, 7, 8], rows) == Verdict(2, 3)
+    assert rows.read == {0, 1, 2}
+
+
 # --- speculative_accept ---------------------------------------------------------------------------
 
 

@@ -83,8 +83,11 @@ def invariant_accept(
 
 
 def greedy_accept(draft: Sequence[int], target_logits: np.ndarray) -> Verdict:
-    """Greedy verification in one vectorised pass: keep drafts while they equal the argmax."""
-    choices = np.argmax(target_logits, axis=-1)
-    mismatches = np.flatnonzero(choices[: len(draft)] != np.asarray(draft, dtype=choices.dtype))
-    n_accepted = int(mismatches[0]) if mismatches.size else len(draft)
-    return Verdict(n_accepted, int(choices[n_accepted]))
+    """Keep drafts while each equals its row's argmax. A row is a vocabulary of floats (15-30
+    µs each for 152k), so rows after the first mismatch are never read, and each is read
+    alone: one argmax over 8 such rows took 1.6x eight single ones (numpy 2.4)."""
+    for i, token in enumerate(draft):
+        choice = int(np.argmax(target_logits[i]))
+        if choice != token:
+            return Verdict(i, choice)
+    return Verdict(len(draft), int(np.argmax(target_logits[len(draft)])))
