@@ -3,7 +3,17 @@ cursor, and the n-gram drafter."""
 
 from __future__ import annotations
 
-from specdec_cli.decoding.drafters import NgramDrafter, NgramIndex
+import random
+
+import pytest
+
+from specdec_cli.decoding.drafters import (
+    NO_MATCH,
+    NgramDrafter,
+    NgramIndex,
+    NgramMatch,
+    first_after,
+)
 from specdec_cli.decoding.ngram import SEPARATOR, NgramTable
 from specdec_cli.decoding.sampling import GumbelChooser, SamplingSettings
 
@@ -104,3 +114,43 @@ def test_the_drafter_proposes_and_takes():
     assert (first.tokens, first.source, first.match_length) == ([X, Z], "ngram", 2)
     assert second.tokens == [Y, W]
     assert all(d.probs[0] == 1.0 for d in first.dists)  # certain: point masses
+
+
+# --- the scan against the n-gram index it replaced --------------------------------------------
+
+
+def indexed_lookup(tokens, max_n, min_n, answer_start, cursor, max_tokens):
+    """Prompt lookup as an NgramTable of every n-gram from 1 to max_n tokens answered it
+    before the scan: the longest n whose n-gram ended earlier (not at the text's end, nor where
+    the prompt ends), the first such end after the cursor."""
+    table = NgramTable(range(1, max_n + 1))
+    table.extend(tokens)
+    last = len(tokens) - 1
+    for n in range(min(max_n, len(tokens)), min_n - 1, -1):
+        ends = table.ends(tokens[last - n + 1 :])
+        earlier = [end for end in ends if end != last and end != answer_start - 1]
+        if earlier:
+            end = first_after(earlier, cursor)
+            if end < answer_start:
+                max_tokens = min(max_tokens, answer_start - end - 1)
+            return NgramMatch(table.following(end, max_tokens), n, end)
+    return NO_MATCH
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 8])
+def test_the_scan_finds_what_indexing_every_ngram_found(alphabet):
+    rng = random.Random(alphabet)
+    for _ in range(400):
+        tokens = [rng.randrange(alphabet) for _ in range(rng.randint(0, 60))]
+        max_n, min_n = rng.choice([(16, 1), (4, 1), (6, 2)])
+        index = NgramIndex(max_n=max_n, min_n=min_n)
+        index.answer_start = rng.randint(0, len(tokens))
+        index.sync(tokens[: len(tokens) // 2])
+        index.sync(tokens)  # grown in two steps, as a context is
+        for _ in range(3):
+            max_tokens = rng.randint(1, 20)
+            cursor = index._cursor
+            want = indexed_lookup(tokens, max_n, min_n, index.answer_start, cursor, max_tokens)
+            match = index.lookup(max_tokens)
+            assert match == want, (tokens, max_n, min_n, index.answer_start, cursor)
+            index.take(match)

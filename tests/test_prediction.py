@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from fakes import FakeBackend, sequence_model
@@ -12,8 +13,9 @@ from specdec_cli.cli import app
 from specdec_cli.commands.chat import Command, parse_command
 from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.costs import CostModel
-from specdec_cli.decoding.drafters import PredictionIndex
+from specdec_cli.decoding.drafters import NO_MATCH, NgramMatch, PredictionIndex, first_after
 from specdec_cli.decoding.engine import Generation, GenerationSettings
+from specdec_cli.decoding.ngram import NgramTable
 
 PREDICTION = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 
@@ -130,3 +132,36 @@ def test_run_predict_with_a_missing_file_is_one_clear_line(tiny_models, tmp_path
 
 def test_chat_predict_command():
     assert parse_command("/predict app.py") == Command("predict", "app.py")
+
+
+def indexed_prediction_lookup(prediction, answer, cursor, max_tokens):
+    """The lookup as an NgramTable of the prediction's 1- to 12-grams answered it before the
+    scan: the longest ending of the answer that occurs in the prediction with tokens after
+    it there, the first such place after the cursor."""
+    table = NgramTable(range(1, PredictionIndex.MAX_N + 1))
+    table.extend(prediction)
+    for n in range(min(PredictionIndex.MAX_N, len(answer)), 0, -1):
+        ends = table.ends(answer[len(answer) - n :])
+        if ends:
+            end = first_after(ends, cursor)
+            following = table.following(end, max_tokens)
+            if following:
+                return NgramMatch(following, n, end)
+    return NO_MATCH
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 8])
+def test_the_scan_finds_what_indexing_every_ngram_of_the_prediction_found(alphabet):
+    rng = random.Random(alphabet)
+    for _ in range(400):
+        prediction = [rng.randrange(alphabet) for _ in range(rng.randint(0, 50))]
+        index = PredictionIndex(prediction)
+        answer = [rng.randrange(alphabet) for _ in range(rng.randint(0, 30))]
+        for _ in range(3):
+            max_tokens = rng.randint(1, 20)
+            want = indexed_prediction_lookup(prediction, answer, index._cursor, max_tokens)
+            match = index.lookup(answer, max_tokens)
+            assert match == want, (prediction, answer, index._cursor)
+            if match.tokens:
+                index.take(match, max_tokens)
+                answer = [*answer, *match.tokens[: rng.randint(1, len(match.tokens))]]

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .backend import Decoder, logits_for_suffix
-from .ngram import NgramTable
+from .ngram import TokenScan
 from .sampling import Distribution, SamplingSettings, TokenChooser, distribution
 
 
@@ -267,7 +267,7 @@ def top_probability(row: np.ndarray) -> float:
 
 class NgramIndex:
     """Prompt-lookup drafting: where did the text's current ending occur before, and what
-    followed it there? Kept in step with a growing context, one dict update per n.
+    followed it there? Kept in step with a growing context, scanned at each lookup.
 
     Of several earlier occurrences it prefers the first one after the place the last
     continuation came from: an answer that copies its input (an edit, a refactor) moves
@@ -284,33 +284,35 @@ class NgramIndex:
         self._reset()
 
     def _reset(self) -> None:
-        self._table = NgramTable(range(1, self.max_n + 1))
+        self._scan = TokenScan()
         self._cursor = -1  # where the last continuation was taken from
 
     def sync(self, context: Sequence[int]) -> None:
-        known = len(self._table.tokens)
-        if len(context) < known or list(context[:known]) != self._table.tokens:
+        known = len(self._scan.tokens)
+        if len(context) < known or list(context[:known]) != self._scan.tokens:
             self._reset()  # the history was edited (a new chat, a trimmed turn): start over
             known = 0
-        self._table.extend(int(token) for token in context[known:])
+        self._scan.extend(context[known:])
 
     def lookup(self, max_tokens: int) -> NgramMatch:
         """The tokens that followed the longest earlier match of the text's ending. Only
         looks: planning a draft that is then not proposed must not change later lookups."""
-        tokens = self._table.tokens
-        last = len(tokens) - 1
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            ends = self._table.ends(tokens[last - n + 1 :])
-            earlier = [end for end in ends if end != last and end != self.answer_start - 1]
-            if earlier:
-                end = first_after(earlier, self._cursor)
-                return NgramMatch(self._continuation(end, max_tokens), n, end)
-        return NO_MATCH
+        tokens = self._scan.tokens
+        if not tokens:
+            return NO_MATCH
+        ends, lengths = self._scan.match_lengths(tokens, self.max_n, before=len(tokens) - 1)
+        kept = ends != self.answer_start - 1
+        ends, lengths = ends[kept], lengths[kept]
+        n = int(lengths.max()) if ends.size else 0
+        if n < max(self.min_n, 1):
+            return NO_MATCH
+        end = first_after(ends[lengths >= n].tolist(), self._cursor)
+        return NgramMatch(self._continuation(end, max_tokens), n, end)
 
     def _continuation(self, end: int, max_tokens: int) -> tuple[int, ...]:
         if end < self.answer_start:
             max_tokens = min(max_tokens, self.answer_start - end - 1)
-        return self._table.following(end, max_tokens)
+        return self._scan.following(end, max_tokens)
 
     def take(self, match: NgramMatch) -> None:
         """`match` is being proposed: later lookups prefer occurrences after it."""
@@ -385,23 +387,24 @@ class PredictionIndex:
     MAX_N = 12
 
     def __init__(self, prediction: Sequence[int]) -> None:
-        self._table = NgramTable(range(1, self.MAX_N + 1))
-        self._table.extend(int(t) for t in prediction)
+        self._scan = TokenScan()
+        self._scan.extend(prediction)
         self._cursor = -1
 
     @property
     def tokens(self) -> list[int]:
-        return self._table.tokens
+        return self._scan.tokens
 
     def lookup(self, answer: Sequence[int], max_tokens: int) -> NgramMatch:
         """What the prediction says follows the answer so far. Only looks."""
-        for n in range(min(self.MAX_N, len(answer)), 0, -1):
-            ends = self._table.ends(answer[len(answer) - n :])
-            if ends:
-                end = first_after(ends, self._cursor)
-                following = self._table.following(end, max_tokens)
-                if following:
-                    return NgramMatch(following, n, end)
+        if not answer:
+            return NO_MATCH
+        ends, lengths = self._scan.match_lengths(answer, self.MAX_N, before=len(self.tokens))
+        for n in range(int(lengths.max()) if ends.size else 0, 0, -1):
+            end = first_after(ends[lengths >= n].tolist(), self._cursor)
+            following = self._scan.following(end, max_tokens)
+            if following:
+                return NgramMatch(following, n, end)
         return NO_MATCH
 
     def take(self, match: NgramMatch, n_tokens: int) -> Draft:
