@@ -181,7 +181,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     array took 60 µs a side, 3% of a one-token step of a 7B model on a GPU. A mismatch is
     found by halving, each half again compared in C."""
     n = min(len(a), len(b))
-    left, right = _as_list(a[:n]), _as_list(b[:n])
+    left, right = _as_list(a, n), _as_list(b, n)
     if left == right:
         return n
     shared, differs = 0, n  # left[:shared] == right[:shared]; left[:differs] differs
@@ -194,8 +194,11 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return shared
 
 
-def _as_list(tokens: Sequence[int]) -> list:
-    return tokens if type(tokens) is list else list(tokens)
+def _as_list(tokens: Sequence[int], n: int) -> list:
+    """The first `n` tokens as a list, copied only where they are not one already."""
+    if type(tokens) is list and len(tokens) == n:
+        return tokens
+    return list(tokens[:n])
 
 
 def kept_prefix(cached: Sequence[int], tokens: Sequence[int], n_rows: int) -> int:
