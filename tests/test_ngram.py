@@ -154,3 +154,30 @@ def test_the_scan_finds_what_indexing_every_ngram_found(alphabet):
             match = index.lookup(max_tokens)
             assert match == want, (tokens, max_n, min_n, index.answer_start, cursor)
             index.take(match)
+
+
+class SlicesTaken(list):
+    """A list that notes the slices read from it."""
+
+    def __init__(self, tokens) -> None:
+        super().__init__(tokens)
+        self.slices: list[slice] = []
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            self.slices.append(index)
+        return super().__getitem__(index)
+
+
+def test_the_engines_growing_context_is_not_compared_again_each_round():
+    context = SlicesTaken(TWICE)
+    index = NgramIndex()
+    index.sync(context)
+    context += [X, Z]
+    context.slices.clear()
+    index.sync(context)  # the same list, appended to: only the new tokens are read
+    assert context.slices == [slice(len(TWICE), None)]
+    assert index.lookup(3).tokens == (A, B, Y)  # "a b x z" was followed by "a b y" before
+    copy = SlicesTaken(context)
+    index.sync(copy)  # another list: compared with what was indexed
+    assert copy.slices[0] == slice(None, len(context))
