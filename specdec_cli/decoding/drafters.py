@@ -170,10 +170,11 @@ class ModelDrafter:
     step_seconds: list[float] = field(default_factory=list, init=False)
 
     def next_distribution(
-        self, sequence: Sequence[int], sampling: SamplingSettings
+        self, sequence: Sequence[int], sampling: SamplingSettings, drafted: bool = False
     ) -> tuple[Distribution, float]:
-        """The drafter's distribution for the token after `sequence`, and its confidence."""
-        row = step_logits(self.backend, sequence, self.step_seconds)
+        """The drafter's distribution for the token after `sequence`, and its confidence.
+        `drafted`: `sequence` is the last step's plus the token it drafted."""
+        row = step_logits(self.backend, sequence, self.step_seconds, drafted)
         self.steps += 1
         dist = distribution(row, sampling)
         return dist, confidence(row, dist, sampling)
@@ -201,7 +202,7 @@ class ModelDrafter:
         draft = DraftBuilder(DraftSource.MODEL)
         sequence = list(context)
         for k in range(max_tokens):
-            dist, sure = self.next_distribution(sequence, sampling)
+            dist, sure = self.next_distribution(sequence, sampling, drafted=k > 0)
             # Decide before drawing: a stop that depends on the drawn token would bias the
             # drafts the exact rule sees, and answers would no longer follow the target.
             if not keep_going(k, sure):
@@ -223,12 +224,22 @@ class ModelDrafter:
         pass
 
 
-def step_logits(backend: Decoder, sequence: Sequence[int], timings: list[float]) -> np.ndarray:
+def step_logits(
+    backend: Decoder, sequence: Sequence[int], timings: list[float], drafted: bool = False
+) -> np.ndarray:
     """One drafter step: its logits for the token after `sequence`. The time of a plain
-    step (one new token) joins `timings`: a fair sample of what a draft token costs."""
+    step (one new token) joins `timings`: a fair sample of what a draft token costs.
+    `drafted`: `sequence` is the previous step's plus the token drafted from it, so the
+    cache holds all of it but that token, which alone is decoded: the context is not
+    compared with the cache again at each step (64 µs at 8k tokens, 6% of a 0.5B step on a
+    GPU). Where the cache's length or last token say otherwise, it is compared in full."""
     began = time.perf_counter()
     catch_up = len(sequence) - len(backend.cached)
-    row = logits_for_suffix(backend, sequence, 1)[0]
+    cached = backend.cached
+    if drafted and catch_up == 1 and len(sequence) > 1 and cached[-1] == sequence[-2]:
+        row = backend.decode(sequence[-1:], 1)[0]
+    else:
+        row = logits_for_suffix(backend, sequence, 1)[0]
     if catch_up == 1:
         timings.append(time.perf_counter() - began)
     return row
