@@ -51,6 +51,7 @@ class FakeBackend:
         self.n_vocab = n_vocab
         self.n_ctx = self.n_ctx_train = n_ctx
         self.cached: list[int] = []
+        self.truncations = 0
         self.end_of_generation = frozenset(end_of_generation)
         if pieces is None:
             pieces = letter_pieces(n_vocab, self.end_of_generation)
@@ -99,6 +100,7 @@ class FakeBackend:
 
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]
+        self.truncations += 1
 
     def prompt_reuse(self, prompt: Sequence[int]) -> int:
         return kept_prefix(self.cached, prompt, 1)
@@ -383,6 +385,38 @@ class TimedBackend(FakeBackend):
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
         self.clock.advance(self.cost(len(tokens)))
         return super().decode(tokens, n_logit_rows, prompt)
+
+
+class ComparisonsCounted(FakeBackend):
+    """A backend that counts the times its whole cache is read (a comparison of the context
+    with it); reading from a later position on is not counted."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.comparisons = 0
+
+    @property
+    def cached(self) -> list[int]:
+        return self._cached
+
+    @cached.setter
+    def cached(self, tokens: list[int]) -> None:
+        self._cached = CountedList(self, tokens)
+
+
+class CountedList(list):
+    def __init__(self, owner: ComparisonsCounted, tokens) -> None:
+        super().__init__(tokens)
+        self.owner = owner
+
+    def __getitem__(self, index):
+        if isinstance(index, slice) and index.start is None and (index.stop or 0) > 1:
+            self.owner.comparisons += 1
+        return super().__getitem__(index)
+
+    def __eq__(self, other) -> bool:
+        self.owner.comparisons += 1
+        return super().__eq__(other)
 
 
 def table_cost(table: Mapping[int, float]) -> Callable[[int], float]:

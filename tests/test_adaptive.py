@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 from fakes import (
+    ComparisonsCounted,
     FakeBackend,
     ScriptedClock,
     TimedBackend,
@@ -332,38 +333,6 @@ def confident_model_drafter(verify_seconds: dict[int, float]) -> AdaptiveDrafter
 def test_a_model_draft_grows_while_verification_stays_cheap():
     draft = propose(confident_model_drafter({1: 1.0, 32: 1.0}), [1, 2, 3], max_tokens=6)
     assert draft.source == "model" and draft.tokens == [4, 5, 6, 7, 8, 9]
-
-
-class ComparisonsCounted(FakeBackend):
-    """A drafter's backend that counts the times its whole cache is read (a comparison of
-    the context with it)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.comparisons = 0
-
-    @property
-    def cached(self) -> list[int]:
-        return self._cached
-
-    @cached.setter
-    def cached(self, tokens: list[int]) -> None:
-        self._cached = CountedList(self, tokens)
-
-
-class CountedList(list):
-    def __init__(self, owner: ComparisonsCounted, tokens) -> None:
-        super().__init__(tokens)
-        self.owner = owner
-
-    def __getitem__(self, index):
-        if isinstance(index, slice) and index.start is None and (index.stop or 0) > 1:
-            self.owner.comparisons += 1
-        return super().__getitem__(index)
-
-    def __eq__(self, other) -> bool:
-        self.owner.comparisons += 1
-        return super().__eq__(other)
 
 
 def test_a_model_draft_compares_the_context_with_the_drafters_cache_once():

@@ -444,7 +444,7 @@ def test_the_fakes_have_the_protocols_surface():
     assert {"decode", "truncate", "n_ctx", "cached", "path"} <= set(protocol_members(Backend))
     # the engine's side is what it uses, and no correctness mode
     engine_side = {"n_vocab", "n_ctx", "cached", "tokens_decoded", "decode", "truncate"}
-    engine_side |= {"prompt_with_drafts"}
+    engine_side |= {"prompt_with_drafts", "truncations"}
     text_side = {"token_bytes", "is_end_of_generation", "constrain"}
     assert set(protocol_members(Decoder)) == engine_side | text_side
     assert "exact" not in protocol_members(Backend)

@@ -7,7 +7,7 @@ import pytest
 from surface import surface_differences
 from tiny_gguf import BOS_ID, EOS_ID, byte_token_id, write_tiny_llama
 
-from specdec_cli.decoding.backend import Backend, logits_for_suffix
+from specdec_cli.decoding.backend import Backend, CacheAgreement, logits_for_suffix
 from specdec_cli.errors import (
     ContextOverflowError,
     DecodeError,
@@ -79,6 +79,21 @@ def test_logits_for_suffix_decodes_only_what_is_new(target):
     logits_for_suffix(target, [*prompt, 10, 12], 1)  # diverges at the last token: one redo
     assert target.tokens_decoded - before == 1
     assert target.cached == [*prompt, 10, 12]
+
+
+def test_an_agreement_with_the_cache_sees_another_callers_truncation(target):
+    # another caller cuts the cache and decodes other tokens to the same length: the first
+    # caller's next call compares again rather than keep what it was told of
+    prompt = _prompt(target)
+    target.truncate(0)
+    agreement = CacheAgreement()
+    logits_for_suffix(target, prompt, 1, agreement=agreement)
+    target.truncate(len(prompt) - 3)
+    target.decode([5, 6, 7], 1)
+    rows = np.array(logits_for_suffix(target, [*prompt, 10], 1, agreement=agreement))
+    assert target.cached == [*prompt, 10]
+    target.truncate(0)
+    np.testing.assert_allclose(rows, logits_for_suffix(target, [*prompt, 10], 1), atol=1e-4)
 
 
 def test_decoding_past_the_context_is_a_clear_error(target):

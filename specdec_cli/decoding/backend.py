@@ -61,13 +61,16 @@ class Decoder(Protocol):
     """What the engine and the drafters need of a model: decode into a KV cache, roll it
     back, and read the tokens that come out.
 
-    `cached` is the list of tokens whose keys and values are in the cache, in order;
-    `tokens_decoded` counts every token the model has evaluated (cache reuse shows in it).
+    `cached` is the list of tokens whose keys and values are in the cache, in order; it only
+    grows, but where it is truncated, which `truncations` counts: while the same list has the
+    same count, the tokens it held it holds still (CacheAgreement); `tokens_decoded` counts
+    every token the model has evaluated (cache reuse shows in it).
     """
 
     n_vocab: int
     n_ctx: int
     cached: list[int]
+    truncations: int
     tokens_decoded: int
 
     @property
@@ -201,24 +204,67 @@ def _as_list(tokens: Sequence[int], n: int) -> list:
     return list(tokens[:n])
 
 
-def kept_prefix(cached: Sequence[int], tokens: Sequence[int], n_rows: int) -> int:
+def kept_prefix(cached: Sequence[int], tokens: Sequence[int], n_rows: int, known: int = 0) -> int:
     """How much of a cache holding `cached` serves `tokens` when logits are wanted for its last
-    `n_rows`: the common prefix, short of those rows (they must be decoded)."""
-    return min(common_prefix_length(cached, tokens), len(tokens) - n_rows)
+    `n_rows`: the common prefix, short of those rows (they must be decoded). `known`: leading
+    tokens the caller knows they share, not compared again."""
+    known = min(known, len(cached), len(tokens))
+    if known:
+        shared = known + common_prefix_length(cached[known:], tokens[known:])
+    else:
+        shared = common_prefix_length(cached, tokens)
+    return min(shared, len(tokens) - n_rows)
+
+
+class CacheAgreement:
+    """What one caller knows of a decoder's cache without comparing it again: after its last
+    `logits_for_suffix` the cache held the caller's first `length` tokens, and holds them
+    still while the decoder keeps the same `cached` list, truncated no more since. The
+    caller keeps those tokens as they were, or says from where they changed (`changed_from`).
+    Comparing a 12,000-token context with the cache, every round, took 90-125 µs on a 2-core
+    Xeon: 2-3% of a 7B step on a GPU; this way a round compares its draft's tokens only."""
+
+    def __init__(self) -> None:
+        self._cache: list[int] | None = None
+        self._truncations = -1
+        self.length = 0
+
+    def known(self, decoder: Decoder) -> int:
+        """The leading tokens the cache certainly shares with the caller's (0: unknown)."""
+        same = decoder.cached is self._cache and decoder.truncations == self._truncations
+        return self.length if same else 0
+
+    def record(self, decoder: Decoder, length: int) -> None:
+        """The cache now holds the caller's first `length` tokens."""
+        self._cache, self._truncations = decoder.cached, decoder.truncations
+        self.length = length
+
+    def changed_from(self, position: int) -> None:
+        """The caller's tokens from `position` on are no longer those the cache was told of."""
+        self.length = min(self.length, position)
 
 
 def logits_for_suffix(
-    backend: Decoder, tokens: Sequence[int], n_rows: int, prompt: bool = False
+    backend: Decoder,
+    tokens: Sequence[int],
+    n_rows: int,
+    prompt: bool = False,
+    agreement: CacheAgreement | None = None,
 ) -> np.ndarray:
     """Bring the cache to `tokens` and return logits for its last `n_rows` positions.
 
     Only the part of `tokens` not already cached is decoded; a cache that ran ahead
     (rejected drafts, an edited chat history) is truncated first. `prompt`: `tokens` is a
-    request's prompt (see Backend.decode).
+    request's prompt (see Backend.decode). `agreement`: the caller's, for a caller that
+    calls again with the same tokens grown: what it vouches for is not compared again.
     """
     if not 1 <= n_rows <= len(tokens):
         raise ValueError(f"need 1..{len(tokens)} logit rows, asked for {n_rows}")
-    keep = kept_prefix(backend.cached, tokens, n_rows)
+    known = agreement.known(backend) if agreement is not None else 0
+    keep = kept_prefix(backend.cached, tokens, n_rows, known)
     if keep < len(backend.cached):
         backend.truncate(keep)
-    return backend.decode(tokens[keep:], n_rows, prompt)
+    rows = backend.decode(tokens[keep:], n_rows, prompt)
+    if agreement is not None:
+        agreement.record(backend, len(tokens))
+    return rows

@@ -13,7 +13,7 @@ from enum import Enum
 import numpy as np
 
 from ..structured import Structure
-from .backend import Decoder, logits_for_suffix
+from .backend import CacheAgreement, Decoder, logits_for_suffix
 from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
 from .sampling import (
@@ -264,6 +264,7 @@ class Generation:
         # prompt + tokens, kept in step rather than joined each round: a join copies the
         # whole context (250 µs at 32k tokens, twice a round), 5% of a 7B step on a GPU
         self._context = list(self.prompt)
+        self._target_cache = CacheAgreement()  # how much of _context the target's cache holds
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self.seed = settings.seed if settings.seed is not None else _fresh_seed()
         self._rng = np.random.default_rng(self.seed)
@@ -396,9 +397,11 @@ class Generation:
                 self._context,
                 len(draft.tokens) + 1,
                 prompt=self.stats.target_passes == 0,
+                agreement=self._target_cache,
             )
         finally:
             del self._context[answered:]
+            self._target_cache.changed_from(answered)
         sampling = self.settings.sampling
         if self._constraint is not None:
             verdict = self._constrained_verdict(draft, rows)

@@ -131,6 +131,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
+        self.truncations = 0  # of `cached` (decoding.backend.CacheAgreement)
         self._aligned_prompt_end = 0  # cached prompt chunks up to here: cut at PROMPT_CHUNKs
         self._init_batch()
 
@@ -351,6 +352,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         if not removed:
             raise RuntimeError(f"llama.cpp refused to drop cached tokens from position {n_keep}")
         del self.cached[n_keep:]
+        self.truncations += 1
         self._aligned_prompt_end = min(self._aligned_prompt_end, n_keep)
 
     def graphs_reused(self) -> int:

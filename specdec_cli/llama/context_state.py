@@ -31,6 +31,7 @@ class ContextState:
     n_batch: int
     _n_batch_wanted: int
     cached: list[int]  # the tokens in this sequence's KV cache, in order
+    truncations: int  # of `cached`, which otherwise only grows
     _aligned_prompt_end: int
     tokens_decoded: int
     decode_calls: int
