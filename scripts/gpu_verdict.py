@@ -214,6 +214,7 @@ def bench_lines(tag: str, bench: dict | None) -> Iterator[Line]:
                 oracle["identical_prompts"] == oracle["compared_prompts"] == BENCH_PROMPTS
             )
             yield Line(label, measured, speedup >= oracle_target and all_identical)
+        yield from host_shares(tag, oracle)
     alone = rows.get("target alone, exact")
     if alone is not None and oracle_target:
         speedup = alone["speedup"]["median"]
@@ -226,6 +227,16 @@ def bench_lines(tag: str, bench: dict | None) -> Iterator[Line]:
     for label, row in rows.items():
         if label not in judged:
             yield Line(f"bench {tag}: {label}", speedup_and_identity(row), None, info=True)
+
+
+def host_shares(tag: str, row: dict) -> Iterator[Line]:
+    """Each side's share of its time outside the models' decodes, where the bench reports it:
+    what specdec's own work per pass costs on this machine's host, against a GPU's step."""
+    sides = ("target_alone", "speculative")
+    alone, oracle = (row.get(side, {}).get("host_share") for side in sides)
+    if alone is not None and oracle is not None:
+        measured = f"target alone {alone:.1%}, oracle {oracle:.1%}"
+        yield Line(f"bench {tag}: time outside the decodes", measured, None, info=True)
 
 
 def speedup_and_identity(row: dict) -> str:

@@ -52,6 +52,7 @@ class FakeBackend:
         self.n_ctx = self.n_ctx_train = n_ctx
         self.cached: list[int] = []
         self.truncations = 0
+        self.decode_seconds = 0.0
         self.end_of_generation = frozenset(end_of_generation)
         if pieces is None:
             pieces = letter_pieces(n_vocab, self.end_of_generation)
@@ -383,7 +384,9 @@ class TimedBackend(FakeBackend):
         self.clock, self.cost = clock, cost
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
-        self.clock.advance(self.cost(len(tokens)))
+        seconds = self.cost(len(tokens))
+        self.clock.advance(seconds)
+        self.decode_seconds += seconds
         return super().decode(tokens, n_logit_rows, prompt)
 
 

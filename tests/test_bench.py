@@ -305,6 +305,10 @@ def test_every_number_is_filled_and_consistent(sweep):
             assert side["tokens_per_second"] > 0 and side["first_token_seconds"] > 0
             split = side["time_split"]
             assert sum(split.values()) == pytest.approx(1.0, abs=2e-3)
+            assert 0 < side["decode_seconds"] < side["seconds"]
+            host = 1 - side["decode_seconds"] / side["seconds"]
+            rounding = 1e-4 / side["seconds"] + 1e-4  # both seconds given to 0.1 ms
+            assert side["host_share"] == pytest.approx(host, abs=rounding)
             assert sum(side["draft_lengths"].values()) == side["target_passes"]
         assert spec["acceptance"] == pytest.approx(spec["accepted"] / spec["drafted"], abs=1e-3)
         assert alone["tokens_per_pass"] == 1.0

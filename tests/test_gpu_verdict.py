@@ -92,6 +92,8 @@ def bench(oracle: float = 3.4, identical: int = 6, alone: float = 0.99) -> dict:
             "speedup": {"median": speedup},
             "identical_prompts": same,
             "compared_prompts": 6,
+            "target_alone": {"host_share": 0.031},
+            "speculative": {"host_share": 0.124},
         }
 
     rows = [
@@ -129,6 +131,7 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert "NOT MET" not in out and "missing" not in out
     assert "met      bench 7b: oracle >= 3.0x, 6/6 identical: 3.40x, identical 6/6" in out
     assert "info     bench 7b-padded: oracle: 3.90x" in out
+    assert "info     bench 7b: time outside the decodes: target alone 3.1%, oracle 12.4%" in out
     assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
     products = "info     exact mode's quantised products in the checks and benches"
     assert f"{products}: specdec's tensor-core kernel" in out

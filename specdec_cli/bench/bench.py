@@ -232,9 +232,11 @@ def _measure_prompt(
             exact = configuration is not None and request.decode.hardware.exact
             answer = _oracle_answer(configuration, references, prompt, repeat)
             warmed = _serve_previous(pair, request, prompt, repeat, configuration, references)
+            decoding = _decode_seconds(pair)
             finished, costs = _generate(
                 pair, tokens, base, configuration, progress, exact, answer, history, warmed
             )
+            decoding = _decode_seconds(pair) - decoding
             if label == _drafted_reference(request):
                 references[(prompt.id, repeat)] = finished.tokens
             main_draft = configuration is not None and configuration.draft_model is None
@@ -252,6 +254,7 @@ def _measure_prompt(
                     finished.finish_reason,
                     finished.stats,
                     prompt.valid(finished.text),
+                    decoding,
                 )
             )
     if request.decode.sampling.greedy or request.decode.rule == SamplingRule.INVARIANT:
@@ -260,6 +263,10 @@ def _measure_prompt(
             report.checks[(prompt.id, configuration.label)] = _check(
                 pair.target, tokens, report, prompt.id, configuration.label, reference
             )
+
+
+def _decode_seconds(pair: ModelPair) -> float:
+    return sum(backend.decode_seconds for backend in pair.backends())
 
 
 # (prompt id, repeat) -> the target alone's answer (the exact one in exact mode)

@@ -60,6 +60,7 @@ class RunRecord:
     finish_reason: FinishReason
     stats: GenerationStats
     valid: bool | None = None  # a structured prompt's answer parses and matches (None: free)
+    decode_seconds: float = 0.0  # of its seconds, the models' decodes'
 
     def as_dict(self) -> dict:
         return {
@@ -72,6 +73,7 @@ class RunRecord:
             "text": self.text,
             "valid": self.valid,
             **self.stats.as_dict(),
+            "decode_seconds": _round(self.decode_seconds, 4),
         }
 
 
@@ -92,6 +94,7 @@ class Aggregate:
     draft_lengths: dict[str, int]
     draft_sources: dict[str, int]
     end_tokens: int = 0  # end-of-generation tokens chosen by a pass (not in the text)
+    decode_seconds: float = 0.0  # the models' decodes, logits back on the host included
 
     @classmethod
     def of(cls, records: Sequence[RunRecord]) -> Aggregate:
@@ -114,6 +117,7 @@ class Aggregate:
             draft_lengths={str(k): v for k, v in sorted(total.draft_lengths.items())},
             draft_sources=dict(total.draft_sources),
             end_tokens=total.end_tokens,
+            decode_seconds=sum(r.decode_seconds for r in records),
         )
 
     @property
@@ -130,6 +134,15 @@ class Aggregate:
     def other_seconds(self) -> float:
         """Time neither drafting nor verifying: Python, sampling, detokenising."""
         return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def host_share(self) -> float | None:
+        """The share of the time spent outside the models' decodes: specdec's own work
+        (planning, comparing, argmax, text) and Python's. A GPU's step is short enough for it
+        to matter (docs/gpus.md)."""
+        if self.seconds <= 0:
+            return None
+        return max(0.0, 1.0 - self.decode_seconds / self.seconds)
 
     def time_split(self) -> dict[str, float] | None:
         if self.seconds <= 0:
@@ -157,6 +170,8 @@ class Aggregate:
             "verify_seconds": _round(self.verify_seconds, 4),
             "other_seconds": _round(self.other_seconds, 4),
             "time_split": self.time_split(),
+            "decode_seconds": _round(self.decode_seconds, 4),
+            "host_share": _round(self.host_share, 4),
             "draft_lengths": self.draft_lengths,
             "draft_sources": self.draft_sources,
         }

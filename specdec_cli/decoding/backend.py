@@ -109,6 +109,9 @@ class Backend(Decoder, Protocol):
     its file, its vocabulary and chat template, its context, prompt reuse."""
 
     n_ctx_train: int  # the context length the model was trained for (0: unknown)
+    # seconds in its decodes, logits back on the host included: the rest of an answer's time
+    # is the host's (bench reports the share)
+    decode_seconds: float
 
     @property
     def path(self) -> Path | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -132,6 +133,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
         self.truncations = 0  # of `cached` (decoding.backend.CacheAgreement)
+        self.decode_seconds = 0.0  # a split context's rounds count on the backend split
         self._aligned_prompt_end = 0  # cached prompt chunks up to here: cut at PROMPT_CHUNKs
         self._init_batch()
 
@@ -272,13 +274,15 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         with self._turn():  # the context's and the cores' turn, where they are shared
             # process-wide switches: set for each decode
             library._exactness.set_invariant_rows(EXACT_BATCH_ROWS if invariant else 0)
+            began = time.perf_counter()
             status = _llama_decode(self._ctx, self._batch)
             if status != 0:
                 # A failure can leave part of the batch in the KV cache: keep it in step with
                 # `cached`.
                 llama_cpp.llama_memory_seq_rm(self._memory, self._seq, base, -1)
                 raise decode_failure(status, base, self.n_ctx)
-            logits = self._logits(n_logit_rows)
+            logits = self._logits(n_logit_rows)  # waits for a GPU's decode to end
+            self.decode_seconds += time.perf_counter() - began
         self.cached.extend(chunk)
         self.tokens_decoded += n
         self.decode_calls += 1

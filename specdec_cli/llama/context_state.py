@@ -34,6 +34,7 @@ class ContextState:
     truncations: int  # of `cached`, which otherwise only grows
     _aligned_prompt_end: int
     tokens_decoded: int
+    decode_seconds: float
     decode_calls: int
     _seq: int  # this backend's KV sequence in the context
     _owns_model: bool

@@ -5,6 +5,7 @@ whose rows are decoded together in rounds (rounds.py), padded or left ragged
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -122,6 +123,7 @@ class SequencesMixin(ContextState):
         n = self._batch.n_tokens
         # every row of the round, invariant or none
         library._exactness.set_invariant_rows(max(EXACT_BATCH_ROWS, n) if invariant else 0)
+        began = time.perf_counter()
         status = _llama_decode(self._ctx, self._batch)
         for (view, part, _), start in zip(lanes, starts, strict=True):
             real = 0 if part is None or status != 0 else len(part.tokens)
@@ -133,6 +135,7 @@ class SequencesMixin(ContextState):
                 view.cached.extend(part.tokens)
                 view.tokens_decoded += real
                 view.decode_calls += 1
+        self.decode_seconds += time.perf_counter() - began
         if status != 0:
             position = min(len(view.cached) for view, _, _ in lanes)
             raise decode_failure(status, position, self.n_ctx)
