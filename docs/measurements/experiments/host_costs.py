@@ -9,7 +9,11 @@ tokens so that a logits row is a real one's size; the drafter never agrees with 
 Drafting modes plan with the H200's 7B-shape cost table, fixed, so they draft as they would
 there. Each configuration runs interleaved with the others, medians of REPEATS.
 
-    .venv/bin/python docs/measurements/experiments/host_costs.py [PROMPT_TOKENS...]
+With --null the models are decoders that compute nothing (NullDecoder): only specdec's own
+work is timed, without the cold caches a CPU decode leaves behind it (on a GPU the weights
+never pass through the host's caches), and a context's length costs nothing to decode.
+
+    .venv/bin/python docs/measurements/experiments/host_costs.py [--null] [PROMPT_TOKENS...]
 """
 
 import statistics
@@ -55,6 +59,54 @@ def timed_llama_decode(ctx, batch):
     return status
 
 
+class NullDecoder:
+    """A decoder that computes nothing: each row it returns is zeros but for the token it
+    answers at that position (`answer(position)`), so the target's answer, and whether a
+    drafter agrees with it, are scripted. Its time counts as decoding."""
+
+    prompt_with_drafts = False
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.n_vocab, self.n_ctx = QWEN2_VOCAB, 1 << 20
+        self.cached: list[int] = []
+        self.truncations = self.tokens_decoded = 0
+        self._rows = np.zeros((64, QWEN2_VOCAB), dtype=np.float32)
+        self._set: list[tuple[int, int]] = []
+
+    def decode(self, tokens, n_logit_rows: int, prompt: bool = False) -> np.ndarray:
+        global seconds_in_decode
+        start = time.perf_counter()
+        self.cached.extend(tokens)
+        self.tokens_decoded += len(tokens)
+        for row, column in self._set:
+            self._rows[row, column] = 0.0
+        end = len(self.cached)
+        self._set = [(i, self.answer(end - n_logit_rows + i)) for i in range(n_logit_rows)]
+        for row, column in self._set:
+            self._rows[row, column] = 1.0
+        seconds_in_decode += time.perf_counter() - start
+        return self._rows[:n_logit_rows]
+
+    def truncate(self, n_keep: int) -> None:
+        del self.cached[n_keep:]
+        self.truncations += 1
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"x"
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return False
+
+    def constrain(self, structure):
+        raise NotImplementedError
+
+
+def null_models() -> tuple[NullDecoder, NullDecoder]:
+    target = NullDecoder(lambda position: 300 + position * 7 % 1000)
+    return target, NullDecoder(lambda position: 301 + position * 7 % 1000)  # never right
+
+
 def models(directory: Path) -> tuple[LlamaBackend, LlamaBackend]:
     vocab = padded_vocab(QWEN2_VOCAB - len(DEFAULT_VOCAB))
     config = TinyConfig(n_ctx=CONTEXT)
@@ -88,10 +140,11 @@ def answer(target, drafter, prompt, mode, reference=()):
 
 
 def main() -> None:
-    lengths = [int(a) for a in sys.argv[1:]] or [200, 2000, 6000, 12000]
+    null = "--null" in sys.argv
+    lengths = [int(a) for a in sys.argv[1:] if a != "--null"] or [200, 2000, 6000, 12000]
     llama_backend._llama_decode = timed_llama_decode
     with tempfile.TemporaryDirectory() as directory:
-        target, drafter = models(Path(directory))
+        target, drafter = null_models() if null else models(Path(directory))
         print("| prompt | mode | passes after the prompt's | host µs per pass | per token |")
         print("| --- | --- | --- | --- | --- |")
         for length in lengths:
