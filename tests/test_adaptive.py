@@ -14,6 +14,7 @@ from fakes import (
     scripted_model,
     sequence_model,
     table_cost,
+    table_model,
 )
 
 from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
@@ -31,6 +32,7 @@ from specdec_cli.decoding.drafters import (
     NgramDrafter,
     Outcome,
     ngram_draft,
+    top_probability,
 )
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.learned_rates import AcceptanceModel, Rate, expected_tokens
@@ -333,6 +335,32 @@ def confident_model_drafter(verify_seconds: dict[int, float]) -> AdaptiveDrafter
 def test_a_model_draft_grows_while_verification_stays_cheap():
     draft = propose(confident_model_drafter({1: 1.0, 32: 1.0}), [1, 2, 3], max_tokens=6)
     assert draft.source == "model" and draft.tokens == [4, 5, 6, 7, 8, 9]
+
+
+def softmax_top(row: np.ndarray) -> float:
+    probs = np.exp(row.astype(np.float64) - row.max())
+    return float(probs.max() / probs.sum())
+
+
+@pytest.mark.parametrize("scale", [0.1, 3.0, 30.0])
+def test_a_drafters_confidence_is_its_softmax_top_probability(scale):
+    # flat and peaked rows of Qwen2's vocabulary, logits far above exp's float32 range too
+    rng = np.random.default_rng(int(scale * 10))
+    for offset in (0.0, 120.0, -120.0):
+        row = (rng.standard_normal(151_936) * scale + offset).astype(np.float32)
+        expected = softmax_top(row)
+        assert top_probability(row) == pytest.approx(expected, rel=1e-5)
+        assert top_probability(row, int(np.argmax(row))) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_model_drafts_confidences_are_its_softmax_top_probabilities():
+    model = table_model(N_VOCAB, seed=4, context=2)
+    draft = ModelDrafter(FakeBackend(model, N_VOCAB)).propose(
+        [1, 2, 3], 4, GREEDY, GumbelChooser(0)
+    )
+    context = [1, 2, 3, *draft.tokens]
+    wanted = [softmax_top(np.float32(model(tuple(context[: 3 + k])))) for k in range(4)]
+    assert draft.confidences == pytest.approx(wanted, rel=1e-5)
 
 
 def test_a_model_draft_compares_the_context_with_the_drafters_cache_once():

