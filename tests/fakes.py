@@ -422,6 +422,19 @@ class CountedList(list):
         return super().__eq__(other)
 
 
+class SlicesTaken(list):
+    """A list that notes the slices read from it."""
+
+    def __init__(self, tokens) -> None:
+        super().__init__(tokens)
+        self.slices: list[slice] = []
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            self.slices.append(index)
+        return super().__getitem__(index)
+
+
 def table_cost(table: Mapping[int, float]) -> Callable[[int], float]:
     """Decode seconds from a table over some sizes, straight lines between them (and the
     last size's cost per token beyond them, as for a prompt)."""

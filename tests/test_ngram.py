@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from fakes import SlicesTaken
 
 from specdec_cli.decoding.drafters import (
     NO_MATCH,
@@ -154,19 +155,6 @@ def test_the_scan_finds_what_indexing_every_ngram_found(alphabet):
             match = index.lookup(max_tokens)
             assert match == want, (tokens, max_n, min_n, index.answer_start, cursor)
             index.take(match)
-
-
-class SlicesTaken(list):
-    """A list that notes the slices read from it."""
-
-    def __init__(self, tokens) -> None:
-        super().__init__(tokens)
-        self.slices: list[slice] = []
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            self.slices.append(index)
-        return super().__getitem__(index)
 
 
 def test_the_engines_growing_context_is_not_compared_again_each_round():

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-from fakes import FakeBackend
+from fakes import ComparisonsCounted, FakeBackend, SlicesTaken
 
 from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.costs import CostModel
@@ -21,7 +21,7 @@ from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.sampling import SamplingSettings
-from specdec_cli.decoding.text_drafter import TextDrafter, utf8_complete
+from specdec_cli.decoding.text_drafter import TargetText, TextDrafter, utf8_complete
 from specdec_cli.decoding.verification import SamplingRule
 
 IM_START, IM_END = b"<|im_start|>", b"<|im_end|>"
@@ -135,7 +135,14 @@ DRAFTER_ANSWERS = {
 }
 
 
-def make_pair(answer: str, drafter_answer: str, drafter_ctx=512, drafter_bos=None, shortest=False):
+def make_pair(
+    answer: str,
+    drafter_answer: str,
+    drafter_ctx=512,
+    drafter_bos=None,
+    shortest=False,
+    drafter_class=FakeBackend,
+):
     target_vocab = vocabulary(pieces_of(TARGET_PIECES))
     drafter_vocab = vocabulary(pieces_of(DRAFTER_PIECES))
     if drafter_bos is not None:
@@ -151,7 +158,7 @@ def make_pair(answer: str, drafter_answer: str, drafter_ctx=512, drafter_bos=Non
         pieces=target_vocab,
         specials={0, 1},
     )
-    drafter = FakeBackend(
+    drafter = drafter_class(
         text_model(drafter_vocab, drafter_text, 0, n_d),
         n_d,
         n_ctx=drafter_ctx,
@@ -322,6 +329,34 @@ def test_the_drafters_stream_spells_the_accepted_text_after_a_thousand_tokens():
     assert spelled[: common - 64] == bytes(accepted[: common - 64])
     assert drafter.cached == text.stream.tokens[: len(drafter.cached)]
     assert utf8_complete(accepted) == len(accepted)
+
+
+def test_a_long_text_draft_compares_the_drafters_cache_only_from_where_its_stream_changed():
+    # every step compared the whole stream with the drafter's cache (250 µs at 32k tokens)
+    target, drafter = make_pair(
+        long_answer(90, False), long_answer(90, True), 4096, drafter_class=ComparisonsCounted
+    )
+    target.n_ctx = 4096
+    text = text_drafter(target, drafter)
+    drafted = generate(target, text, max_tokens=1000)
+    assert drafted.tokens == generate(target, None, max_tokens=1000).tokens
+    assert drafted.stats.accepted < drafted.stats.drafted and text.steps > 300
+    assert drafter.comparisons <= 1
+
+
+def test_the_target_text_reads_only_what_the_engines_list_gained():
+    target, _ = make_pair(ANSWERS["prose"], ANSWERS["prose"])
+    prompt = prompt_of(target)
+    answer = target.tokenize(ANSWERS["prose"], add_special=False)
+    context = SlicesTaken(prompt + answer[:3])
+    text = TargetText(target)
+    text.sync(context, len(prompt))
+    context += answer[3:]
+    context.slices.clear()
+    assert not text.sync(context, len(prompt))
+    assert context.slices == [] and bytes(text.data).endswith(ANSWERS["prose"].encode())
+    copy = SlicesTaken(context)  # another list: compared with the text so far
+    assert not text.sync(copy, len(prompt)) and copy.slices[0] == slice(None, len(context))
 
 
 def test_a_drafter_whose_context_fills_first_starts_again_from_recent_text():
