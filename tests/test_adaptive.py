@@ -349,7 +349,6 @@ def test_a_drafters_confidence_is_its_softmax_top_probability(scale):
     for offset in (0.0, 120.0, -120.0):
         row = (rng.standard_normal(151_936) * scale + offset).astype(np.float32)
         expected = softmax_top(row)
-        assert top_probability(row) == pytest.approx(expected, rel=1e-5)
         assert top_probability(row, int(np.argmax(row))) == pytest.approx(expected, rel=1e-5)
 
 

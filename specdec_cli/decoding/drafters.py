@@ -168,12 +168,10 @@ class ModelDrafter:
     min_confidence: float = 0.0
     steps: int = field(default=0, init=False)
     step_seconds: list[float] = field(default_factory=list, init=False)
-    # The context last drafted after, and the drafter's own copy of it with that draft: the
-    # engine hands every round of an answer its one growing list, only appended to since
-    # (past where the last round began), so only what it gained is copied and compared with
+    # The context last drafted after, and the drafter's own copy of it with that draft: of
+    # the engine's growing list (only_grown) only what it gained is copied and compared with
     # the cache (a whole 12,000-token context took about 100 µs a draft on a 2-core Xeon, 9%
-    # of a 0.5B step on a GPU). Any other list is copied whole. A wrong guess could only
-    # draft worse: the target checks every draft.
+    # of a 0.5B step on a GPU); any other list is copied whole.
     _followed: Sequence[int] | None = field(default=None, init=False, repr=False)
     _followed_length: int = field(default=0, init=False, repr=False)
     _sequence: list[int] = field(default_factory=list, init=False, repr=False)
@@ -225,7 +223,7 @@ class ModelDrafter:
     def _follow(self, context: Sequence[int]) -> list[int]:
         """`context` as the drafter's own list, which its draft then grows."""
         known = self._followed_length
-        if context is self._followed and len(context) >= known:
+        if only_grown(context, self._followed, known):
             del self._sequence[known:]  # the last draft
             self._sequence += context[known:]
         else:
@@ -244,6 +242,14 @@ class ModelDrafter:
 
     def begin(self, prompt_length: int, prediction: Sequence[int]) -> None:
         pass
+
+
+def only_grown(context: Sequence[int], last: Sequence[int] | None, known: int) -> bool:
+    """Whether `context` is the list a drafter last read, `last`, still holding the `known`
+    tokens it read then: the engine hands every round of an answer its one growing list,
+    only appended to past where the round began, so those need not be compared again. A
+    wrong guess could only draft worse: the target checks every draft."""
+    return context is last and len(context) >= known
 
 
 def step_logits(
@@ -293,12 +299,11 @@ def confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) 
 LOG2_E = np.float32(1.4426950408889634)
 
 
-def top_probability(row: np.ndarray, top: int | None = None) -> float:
-    """The raw softmax probability of a row's likeliest token (`top`, where known). Every
+def top_probability(row: np.ndarray, top: int) -> float:
+    """The raw softmax probability of a row's likeliest token, `top` (its argmax). Every
     drafter step pays it over the whole vocabulary, on the host: as powers of two, in place,
     it took 126 µs for 152k logits on a 2-core Xeon, where exp() took 175 (a 0.5B step on an
     H200 is 1,140 µs). It only plans how long drafts are."""
-    top = int(np.argmax(row)) if top is None else top
     shifted = np.subtract(row, row[top], dtype=np.float32)
     shifted *= LOG2_E
     np.exp2(shifted, out=shifted)
@@ -330,10 +335,8 @@ class NgramIndex:
 
     def sync(self, context: Sequence[int]) -> None:
         known = len(self._scan.tokens)
-        # The engine hands every round of an answer its one growing list: only appended to
-        # since, so not compared again (32k tokens took 260 µs a round). A stale index could
-        # only draft worse, never change the answer.
-        grown = context is self._context and len(context) >= known
+        # the engine's growing list is not compared again (32k tokens took 260 µs a round)
+        grown = only_grown(context, self._context, known)
         if not grown and (len(context) < known or list(context[:known]) != self._scan.tokens):
             self._reset()  # the history was edited (a new chat, a trimmed turn): start over
             known = 0
