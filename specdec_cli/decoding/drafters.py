@@ -301,13 +301,14 @@ LOG2_E = np.float32(1.4426950408889634)
 
 def top_probability(row: np.ndarray, top: int) -> float:
     """The raw softmax probability of a row's likeliest token, `top` (its argmax). Every
-    drafter step pays it over the whole vocabulary, on the host: as powers of two, in place,
-    it took 126 µs for 152k logits on a 2-core Xeon, where exp() took 175 (a 0.5B step on an
-    H200 is 1,140 µs). It only plans how long drafts are."""
+    drafter step pays it over the whole vocabulary, on the host (a 0.5B step on an H200 is
+    1,140 µs). For 152k logits on a 2-core Xeon: powers of two rather than exp(), in place,
+    saved 50 µs; einsum's SIMD sum rather than float32 `sum()` (pairwise, 45-60 µs alone)
+    saved 35-45 more, at 1e-5 relative error. It only plans how long drafts are."""
     shifted = np.subtract(row, row[top], dtype=np.float32)
     shifted *= LOG2_E
     np.exp2(shifted, out=shifted)
-    return float(1.0 / shifted.sum())
+    return float(1.0 / np.einsum("i->", shifted))
 
 
 class NgramIndex:
