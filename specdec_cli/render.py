@@ -73,7 +73,8 @@ def print_stats(console: Console, stats: GenerationStats, finish_reason: FinishR
 
 def costs_summary(costs: dict) -> str:
     """A cost table (CostModel.as_dict) in one line: each size's target decode and the
-    drafter step, in ms, as the run started and as it ended where they differ."""
+    drafter step, in ms, as the run started and as it ended where they differ, and the
+    price of the drafter's catch-up where it was measured."""
 
     def moved(before: float, after: float) -> str:
         return f"{before:.0f}" if round(before) == round(after) else f"{before:.0f}→{after:.0f}"
@@ -86,6 +87,8 @@ def costs_summary(costs: dict) -> str:
     step = ""
     if now["draft_step_ms"]:
         step = f" · drafter step {moved(started['draft_step_ms'], now['draft_step_ms'])}"
+    if catch_up := now.get("catch_up"):
+        step += f" · catch-up {catch_up['fixed_ms']:.1f} + {catch_up['token_ms']:.2f} a token"
     observed = sum(costs["observed"].values())
     return (
         f"decode costs, ms by tokens ({costs['origin']}; {observed} decodes timed): "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from fakes import (
 
 from specdec_cli.decoding.adaptive import AdaptiveDrafter, ProbeSchedule
 from specdec_cli.decoding.costs import (
+    CatchUpPrice,
     CostModel,
     ProbeTimings,
     measure_costs,
@@ -39,6 +41,7 @@ from specdec_cli.decoding.learned_rates import AcceptanceModel, Rate, expected_t
 from specdec_cli.decoding.modes import build_drafter
 from specdec_cli.decoding.policy import (
     CATCH_UP_COST,
+    CATCH_UP_LEARN_MIN,
     FORCED_FIRST_PRIOR,
     MIN_ROW_SHARE,
     MODEL_PROBE_TOKENS,
@@ -184,6 +187,60 @@ def test_a_probe_that_fails_once_is_taken_again(clock):
 def test_probe_checks(samples, problem):
     assert probe_problems(ProbeTimings(samples, [])) == [problem]
     assert probe_problems(ProbeTimings({1: [0.03, 0.031], 2: [0.06, 0.062]}, [0.02])) == []
+
+
+def gpu_like_drafter(n: int) -> float:
+    """A GPU's drafter: a batch costs little more than a step (20 ms), but past 8 rows it
+    takes another kernel (4 ms more), and each token adds 1 ms. A CPU's constant would price
+    each token at 0.4 of a step, 8 ms."""
+    return DRAFT_STEP + (0.004 if n > 8 else 0.0) + 0.001 * (n - 1)
+
+
+def test_a_probe_prices_a_drafters_catch_up_as_a_line_through_two_sizes(clock):
+    target, drafter = timed_pair(clock, QUIET)
+    drafter.cost = gpu_like_drafter
+    costs = measure_costs(target, drafter, [t % N_VOCAB for t in range(80)])
+    assert costs.trusted and costs.draft_step == pytest.approx(DRAFT_STEP)
+    assert astuple(costs.catch_up_price) == pytest.approx((0.004, 0.001))
+    assert costs.catch_up(200) == pytest.approx(gpu_like_drafter(201) - DRAFT_STEP)
+    assert costs.fresh().catch_up_price == costs.healed().catch_up_price == costs.catch_up_price
+
+
+def test_a_catch_up_is_priced_at_the_cpus_constant_until_measured():
+    # too short a probe text to time one (PROBE: 8 tokens of context)
+    costs = CostModel({1: 1.0}, draft_step=0.1)
+    assert costs.catch_up_price is None
+    assert costs.catch_up(10) == pytest.approx(10 * 0.1 * CATCH_UP_COST)
+    assert costs.catch_up(0) == 0.0
+
+
+def test_the_run_learns_the_catch_up_price_per_token_from_its_large_catch_ups():
+    costs = CostModel({1: 1.0}, draft_step=0.1, catch_up_price=CatchUpPrice(0.01, 0.05))
+    costs.observe_catch_up(CATCH_UP_LEARN_MIN - 1, 0.1 + 0.5)  # a few tokens: their shape's
+    assert costs.catch_up_price == CatchUpPrice(0.01, 0.05)
+    for _ in range(3):
+        costs.observe_catch_up(200, 0.1 + 0.01 + 200 * 0.002)  # a prompt: 2 ms a token
+    assert astuple(costs.catch_up_price) == pytest.approx((0.01, 0.002))
+    assert costs.as_dict()["now"]["catch_up"] == {"fixed_ms": 10.0, "token_ms": 2.0}
+    assert costs.as_dict()["started"]["catch_up"] == {"fixed_ms": 10.0, "token_ms": 50.0}
+    fixed = CostModel({1: 1.0}, draft_step=0.1, learn=False)
+    fixed.observe_catch_up(200, 0.5)
+    assert fixed.catch_up_price is None
+
+
+def test_a_model_drafters_catch_up_is_timed_and_learned_by_the_run(clock):
+    # The drafter reads the 60-token prompt in one decode before its first draft: that
+    # decode teaches the table a token's price, the plain steps after it the step's.
+    counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
+    target, drafter = timed_pair(clock, {1: 1.0, 8: 1.0}, counting)
+    drafter.cost = lambda n: DRAFT_STEP + 0.001 * (n - 1)
+    costs = CostModel({1: 1.0, 8: 1.0}, 0.05)
+    planner = AdaptiveDrafter(costs, model=ModelDrafter(drafter), probe_budget=float("inf"))
+    prompt = [(7 * i) % N_VOCAB for i in range(60)]
+    Generation(target, prompt, GenerationSettings(max_tokens=16), planner).run()
+    assert drafter.decode_calls > 2  # it drafted
+    assert astuple(costs.catch_up_price) == pytest.approx((0.0, 0.001))
+    assert costs.draft_step == pytest.approx(DRAFT_STEP)
 
 
 def test_measuring_times_each_size_that_fits_and_leaves_the_caches_empty():
@@ -417,21 +474,23 @@ def test_a_drafter_behind_by_a_whole_prompt_drafts_an_answer_with_room_left():
     assert propose(planner(), prompt, max_tokens=2).source == "none"
 
 
-def test_a_planned_model_draft_waits_until_the_answer_affords_the_drafters_catch_up():
+@pytest.mark.parametrize("price", [None, CatchUpPrice(0.05, 0.001)])
+def test_a_planned_model_draft_waits_until_the_answer_affords_the_drafters_catch_up(price):
     # Model drafts pay by plan (verifying 8 rows costs what one does, a drafter step
     # 0.01 s), and a round is charged only its share of the catch-up. But the drafter has
-    # read none of the 40 tokens, and its catch-up is paid at once, whole: 39 tokens x
-    # 0.01 s x CATCH_UP_COST. A short answer (an agent's turn after a tool's result) would
-    # never win it back, so the plan waits until the answer could lose it within its budget.
+    # read none of the 40 tokens, and its catch-up is paid at once, whole: 39 tokens at
+    # this machine's price (unmeasured: 0.01 s x CATCH_UP_COST). A short answer (an agent's
+    # turn after a tool's result) would never win it back, so the plan waits until the
+    # answer could lose it within its budget.
     counting = scripted_model(lambda prefix: (prefix[-1] + 1) % N_VOCAB, N_VOCAB)
     drafter = AdaptiveDrafter(
-        CostModel({1: 1.0, 8: 1.0}, 0.01, learn=False),
+        CostModel({1: 1.0, 8: 1.0}, 0.01, price, learn=False),
         model=ModelDrafter(FakeBackend(counting, N_VOCAB)),
         model_probes=ProbeSchedule(first=10**6),
     )
     drafter.begin(40, [])
     context = [(7 * i) % N_VOCAB for i in range(40)]
-    catch_up = 39 * 0.01 * CATCH_UP_COST
+    catch_up = 39 * 0.01 * CATCH_UP_COST if price is None else price.fixed + 39 * price.per_token
     plain_rounds(drafter, catch_up / PROBE_BUDGET - 0.5)
     assert propose(drafter, context, max_tokens=64).tokens == []
     plain_rounds(drafter, 0.501)
@@ -545,7 +604,7 @@ def test_exploring_with_no_free_source_verifies_a_filler_not_model_drafts():
     draft = propose(drafter, context)
     assert draft.source == "explore" and draft.tokens
     assert draft.tokens == context[len(context) - len(draft.tokens) :]
-    assert model.step_seconds == []  # the drafter model was not run
+    assert model.timings.steps == []  # the drafter model was not run
 
 
 @pytest.mark.parametrize("alongside", [(0, 0), (3, 1)], ids=["alone", "beside three"])

@@ -80,7 +80,11 @@ def test_json_shows_the_cost_table_and_the_next_run_starts_from_what_this_one_me
     first = run_json(tiny_models, "one two three four", "--draft", drafter, "-n", "120")
     costs = first["costs"]
     assert costs["origin"].startswith("probe")
-    assert set(costs["started"]) == set(costs["now"]) == {"target_decode_ms", "draft_step_ms"}
+    assert (
+        set(costs["started"])
+        == set(costs["now"])
+        == {"target_decode_ms", "draft_step_ms", "catch_up"}
+    )
     assert sum(costs["observed"].values()) >= 16
     second = run_json(tiny_models, "one two three four", "--draft", drafter, "-n", "4")
     assert second["costs"]["origin"] == "cache (learned)"
@@ -106,6 +110,16 @@ def test_the_cost_line_says_how_far_the_run_moved_each_cost():
         "decode costs, ms by tokens (cache (probe); 32 decodes timed): "
         "1: 46 · 2: 180→60 · drafter step 20→21"
     )
+    catch_up = {"fixed_ms": 2.183, "token_ms": 0.0325}
+    with_catch_up = costs_summary(
+        {
+            "origin": "probe",
+            "started": {"target_decode_ms": {"1": 3.8}, "draft_step_ms": 1.2},
+            "now": {"target_decode_ms": {"1": 3.8}, "draft_step_ms": 1.2, "catch_up": catch_up},
+            "observed": {},
+        }
+    )
+    assert with_catch_up.endswith("drafter step 1 · catch-up 2.2 + 0.03 a token")
 
 
 def test_json_record_is_complete_and_consistent(tiny_models):

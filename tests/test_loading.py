@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from fakes import (
     table_model,
 )
 
+from specdec_cli.decoding.costs import CatchUpPrice
 from specdec_cli.json_cache import read_json_cache, write_json_cache
 from specdec_cli.models.loading import MIN_CONTEXT, ModelPair, context_size, fit_context
 from specdec_cli.request import HardwareOptions
@@ -145,6 +147,23 @@ def test_a_write_back_keeps_other_keys_and_meets_a_concurrent_one_halfway(clock,
     entries = cached_entries()
     assert entries["other"] == {"measured_at": 1.0}
     assert entries[key]["verify_seconds"]["1"] == pytest.approx((0.040 + 0.060) / 2)
+
+
+def test_the_drafters_catch_up_price_is_cached_with_the_table(clock, tmp_path):
+    pair = timed_pair(clock, QUIET, tmp_path)
+    pair.drafter.cost = lambda n: 0.02 + (0.004 if n > 8 else 0) + 0.001 * (n - 1)
+    price = CatchUpPrice(0.004, 0.001)
+    first = pair_costs(pair, HARDWARE, kernels="k1").catch_up_price
+    assert astuple(first) == pytest.approx(astuple(price))
+    again = pair_costs(pair, HARDWARE, kernels="k1")
+    assert again.origin == "cache (probe)"
+    assert astuple(again.catch_up_price) == pytest.approx(astuple(price))
+    # an entry written before catch-ups were measured: priced as before (CATCH_UP_COST)
+    entries = cached_entries()
+    del entries[costs_key(pair, HARDWARE, "k1")]["catch_up"]
+    write_json_cache(costs_cache(), entries)
+    older = pair_costs(pair, HARDWARE, kernels="k1")
+    assert older.origin == "cache (probe)" and older.catch_up_price is None
 
 
 @pytest.mark.parametrize(

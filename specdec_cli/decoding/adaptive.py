@@ -35,7 +35,6 @@ from .drafters import (
 from .history import HistoryIndex
 from .learned_rates import AcceptanceModel, Rate, realism
 from .policy import (
-    CATCH_UP_COST,
     CATCH_UP_ROUNDS,
     EXPLORE_FIRST_WAIT,
     EXPLORE_MOVED,
@@ -221,9 +220,12 @@ class AdaptiveDrafter:
             if abs(self.costs.verify(size) - before) > EXPLORE_MOVED * before:
                 self.cost_probes.paid()
         if self.model is not None:
-            for seconds in self.model.step_seconds:
+            timings = self.model.timings
+            for seconds in timings.steps:
                 self.costs.observe_draft_step(seconds)
-            self.model.step_seconds.clear()
+            for tokens, seconds in timings.catch_ups:
+                self.costs.observe_catch_up(tokens, seconds)
+            timings.clear()
 
     def _account(self, outcome: Outcome) -> None:
         """The answer's time so far, and what its rounds saved against the target alone."""
@@ -291,7 +293,7 @@ class AdaptiveDrafter:
     def _catch_up_whole(self, context: Sequence[int]) -> float:
         """What bringing the drafter's cache up to `context` costs, paid at once."""
         assert self.model is not None
-        return self.model.behind(context) * self.costs.draft_step * CATCH_UP_COST
+        return self.costs.catch_up(self.model.behind(context))
 
     def _model_probe_seconds(self, context: Sequence[int]) -> float:
         """What a model probe costs beyond a plain step: the drafter's whole catch-up (a

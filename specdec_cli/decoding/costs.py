@@ -6,13 +6,15 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import numpy as np
 
 from .backend import Decoder
 from .policy import (
+    CATCH_UP_COST,
+    CATCH_UP_LEARN_MIN,
     COST_WINDOW,
     DRAFT_STEP_WINDOW,
     MEASURED_SIZES,
@@ -38,10 +40,16 @@ class CostModel:
     recent decodes, and any other size costs the prior's value scaled by the measured/prior
     ratio of the measured sizes around it (interpolated; the nearest one's beyond them). A
     table that is wrong by a factor (probed while the machine was busy) heals from a few
-    decodes, and a size never tried keeps the prior's shape at the measured level."""
+    decodes, and a size never tried keeps the prior's shape at the measured level.
+
+    `catch_up_price` says what a drafter step that first reads the tokens it lacks (the
+    prompt, the text since its last draft) costs beyond the step (`catch_up`): probed, its
+    price per token then learned from the run's large catch-ups. None: never measured, each
+    token priced at CATCH_UP_COST of a step."""
 
     verify_seconds: dict[int, float]
     draft_step: float
+    catch_up_price: CatchUpPrice | None = None
     learn: bool = True  # refine from each round's timings
     origin: str = "probe"  # where the starting table came from (shown with it)
     trusted: bool = True  # False: a probe that failed its checks (see probe_problems)
@@ -54,10 +62,15 @@ class CostModel:
         default_factory=lambda: deque(maxlen=DRAFT_STEP_WINDOW), init=False, repr=False
     )
     _start_step: float = field(default=0.0, init=False, repr=False)
+    _catch_ups: deque = field(
+        default_factory=lambda: deque(maxlen=DRAFT_STEP_WINDOW), init=False, repr=False
+    )
+    _start_catch_up: CatchUpPrice | None = field(default=None, init=False, repr=False)
     _dense: np.ndarray | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._start_step = self.draft_step
+        self._start_catch_up = self.catch_up_price
 
     def verify(self, n_tokens: int) -> float:
         return max(1e-6, float(self._dense_table(n_tokens)[n_tokens - 1]))
@@ -100,6 +113,22 @@ class CostModel:
             self._steps.append(seconds)
             self.draft_step = float(np.median(self._steps))
 
+    def catch_up(self, n_tokens: int) -> float:
+        """Seconds the drafter's reading `n_tokens` it lacks adds to its next step."""
+        if n_tokens <= 0:
+            return 0.0
+        price = self.catch_up_price or CatchUpPrice(0.0, CATCH_UP_COST * self.draft_step)
+        return price.fixed + n_tokens * price.per_token
+
+    def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
+        """A drafter step that first read `n_tokens` it lacked took `seconds`: its price per
+        token (the fixed part stays the probe's)."""
+        if self.learning and n_tokens >= CATCH_UP_LEARN_MIN and seconds > 0:
+            price = self.catch_up_price or CatchUpPrice(0.0, 0.0)
+            beyond = seconds - self.draft_step - price.fixed
+            self._catch_ups.append(max(0.0, beyond) / n_tokens)
+            self.catch_up_price = replace(price, per_token=float(np.median(self._catch_ups)))
+
     def observations(self, n_tokens: int) -> int:
         """Decodes of n tokens timed so far in this run."""
         return self._counts[n_tokens]
@@ -118,6 +147,7 @@ class CostModel:
         return CostModel(
             dict(self.verify_seconds),
             self._start_step,
+            self._start_catch_up,
             self.learn,
             self.origin,
             self.trusted,
@@ -132,18 +162,24 @@ class CostModel:
         self._counts.update({n: c - len(other._observed[n]) for n, c in other._counts.items()})
         for seconds in other._steps:
             self.observe_draft_step(seconds)
+        if self.learning and other._catch_ups:
+            self._catch_ups.extend(other._catch_ups)
+            price = self.catch_up_price or other.catch_up_price or CatchUpPrice(0.0, 0.0)
+            self.catch_up_price = replace(price, per_token=float(np.median(self._catch_ups)))
 
     def healed(self) -> CostModel:
         """What this run learned, as a starting table for the next."""
-        return CostModel(self.table(), self.draft_step, self.learn, "learned", self.trusted)
+        return CostModel(
+            self.table(), self.draft_step, self.catch_up_price, self.learn, "learned", self.trusted
+        )
 
     def as_dict(self) -> dict:
         """The table the run started from, the one it has now, and how many decodes of each
         size corrected it."""
         return {
             "origin": self.origin,
-            "started": _cost_record(self.verify_seconds, self._start_step),
-            "now": _cost_record(self.table(), self.draft_step),
+            "started": _cost_record(self.verify_seconds, self._start_step, self._start_catch_up),
+            "now": _cost_record(self.table(), self.draft_step, self.catch_up_price),
             "observed": {str(n): c for n, c in sorted(self._counts.items())},
         }
 
@@ -207,6 +243,7 @@ def shared_pass_costs(
     return SharedPassCosts(
         dict(costs.verify_seconds),
         costs.draft_step,
+        costs.catch_up_price,
         learn=costs.learn,
         origin=costs.origin,
         trusted=costs.trusted,
@@ -215,10 +252,30 @@ def shared_pass_costs(
     )
 
 
-def _cost_record(table: dict[int, float], step: float) -> dict:
+@dataclass(frozen=True)
+class CatchUpPrice:
+    """What a drafter step that first reads n tokens costs beyond a step: fixed + n x
+    per_token. On a CPU the fixed part is nothing and a token about 0.2-0.4 of a step. On a
+    GPU a batch costs little more than a step, but another kernel than a step's (llama.cpp's
+    MMQ past 8 rows: a 0.5B drafter on the H200, 1.2 ms a step, 3.8 ms for 9-16 rows, 32 µs
+    a row beyond): priced per token alone, as on a CPU, a prompt's catch-up kept model drafts
+    from starting at all (docs/gpus.md, "The planner on a GPU")."""
+
+    fixed: float
+    per_token: float
+
+    def as_dict(self) -> dict:
+        return {
+            "fixed_ms": round(1000 * float(self.fixed), 3),
+            "token_ms": round(1000 * float(self.per_token), 4),
+        }
+
+
+def _cost_record(table: dict[int, float], step: float, catch_up: CatchUpPrice | None) -> dict:
     return {
         "target_decode_ms": {str(n): round(1000 * s, 2) for n, s in sorted(table.items())},
         "draft_step_ms": round(1000 * step, 2),
+        "catch_up": None if catch_up is None else catch_up.as_dict(),
     }
 
 
@@ -238,16 +295,33 @@ def _interpolate_table(table: dict[int, float], up_to: int) -> np.ndarray:
 
 @dataclass
 class ProbeTimings:
-    """A probe's raw timings: seconds per repetition, for each target size and the drafter."""
+    """A probe's raw timings: seconds per repetition, for each target size and the drafter:
+    its step, and by how many tokens it first read, a step that caught up (not checked: its
+    price only decides when model drafts may start, and the run's catch-ups correct it)."""
 
     verify: dict[int, list[float]]
     draft_step: list[float]
+    catch_up: dict[int, list[float]] = field(default_factory=dict)
 
     def merged(self, other: ProbeTimings) -> ProbeTimings:
         return ProbeTimings(
             {n: [*s, *other.verify.get(n, [])] for n, s in self.verify.items()},
             [*self.draft_step, *other.draft_step],
+            {n: [*s, *other.catch_up.get(n, [])] for n, s in self.catch_up.items()},
         )
+
+    def catch_up_price(self, pick: Callable[[Sequence[float]], float]) -> CatchUpPrice | None:
+        """A line through the catch-ups' costs beyond a step, from the samples `pick` takes
+        (one size timed: through nothing at 0 tokens)."""
+        if not self.catch_up or not self.draft_step:
+            return None
+        step = pick(self.draft_step)
+        sizes = sorted(self.catch_up)
+        beyond = [max(0.0, pick(self.catch_up[n]) - step) for n in sizes]
+        if len(sizes) == 1:
+            return CatchUpPrice(0.0, beyond[0] / sizes[0])
+        per_token = max(0.0, (beyond[-1] - beyond[0]) / (sizes[-1] - sizes[0]))
+        return CatchUpPrice(max(0.0, beyond[0] - per_token * sizes[0]), per_token)
 
 
 def probe_problems(timings: ProbeTimings) -> list[str]:
@@ -323,13 +397,15 @@ def measure_costs(
     both = first.merged(second)
     step = min(both.draft_step) if both.draft_step else 0.0
     origin = f"probe failed its checks twice ({problems[0]}): conservative table"
-    return CostModel(conservative_table(both), step, origin=origin, trusted=False)
+    catch_up = both.catch_up_price(min)
+    return CostModel(conservative_table(both), step, catch_up, origin=origin, trusted=False)
 
 
 def _probed(timings: ProbeTimings, origin: str) -> CostModel:
     table = {n: float(np.median(s)) for n, s in timings.verify.items()}
     step = float(np.median(timings.draft_step)) if timings.draft_step else 0.0
-    return CostModel(table, step, origin=origin)
+    catch_up = timings.catch_up_price(lambda samples: float(np.median(samples)))
+    return CostModel(table, step, catch_up, origin=origin)
 
 
 def _probe(
@@ -342,26 +418,36 @@ def _probe(
         for n in MEASURED_SIZES
         if n <= room
     }
-    step = []
+    step, catch_up = [], {}
     if drafter is not None:  # one step after about as much text as the target's context
         cut = max(1, min(len(drafter_probe) - 1, len(context)))
         step = _decode_seconds(drafter, drafter_probe[:cut], drafter_probe[cut : cut + 1])
+        # the same step reading CATCH_UP_LEARN_MIN tokens first, and all that text but one
+        sizes = {n for n in (CATCH_UP_LEARN_MIN, cut - 1) if CATCH_UP_LEARN_MIN <= n < cut}
+        catch_up = {
+            n: _decode_seconds(
+                drafter, drafter_probe[: cut - n], drafter_probe[cut - n : cut + 1], 1
+            )
+            for n in sorted(sizes)
+        }
     for backend in (target, drafter):
         if backend is not None:
             backend.truncate(0)
-    return ProbeTimings(verify, step)
+    return ProbeTimings(verify, step, catch_up)
 
 
 def _decode_seconds(
-    backend: Decoder, context: Sequence[int], tail: Sequence[int], reps: int = PROBE_REPEATS
+    backend: Decoder, context: Sequence[int], tail: Sequence[int], rows: int | None = None
 ) -> list[float]:
+    """Decodes of `tail` after `context`, timed: every row's logits (a verification) or the
+    last `rows`'."""
     if backend.cached[: len(context)] != list(context):
         backend.truncate(0)
         backend.decode(context, 1)
     samples = []
-    for _ in range(reps):
+    for _ in range(PROBE_REPEATS):
         backend.truncate(len(context))
         began = time.perf_counter()
-        backend.decode(tail, len(tail))
+        backend.decode(tail, rows or len(tail))
         samples.append(time.perf_counter() - began)
     return samples

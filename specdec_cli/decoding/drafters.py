@@ -137,12 +137,26 @@ class ForcedPlanner(Protocol):
         ...
 
 
+@dataclass
+class DrafterTimings:
+    """A model drafter's decodes, timed: its plain steps (one new token each), and its
+    catch-ups (a step that first reads the tokens it lacks: the prompt, or the text since it
+    last drafted) as (tokens read besides the step's own, seconds)."""
+
+    steps: list[float] = field(default_factory=list)
+    catch_ups: list[tuple[int, float]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.catch_ups.clear()
+
+
 class GrowingDrafter(Protocol):
     """A model drafter the adaptive planner grows token by token: ModelDrafter (the
     target's vocabulary) or text_drafter.TextDrafter (another one, by text)."""
 
     steps: int
-    step_seconds: list[float]  # plain steps timed since the planner last read them
+    timings: DrafterTimings  # its decodes since the planner last read them
 
     def grow(
         self,
@@ -167,7 +181,7 @@ class ModelDrafter:
     backend: Decoder
     min_confidence: float = 0.0
     steps: int = field(default=0, init=False)
-    step_seconds: list[float] = field(default_factory=list, init=False)
+    timings: DrafterTimings = field(default_factory=DrafterTimings, init=False)
     # The context last drafted after, and the drafter's own copy of it with that draft: of
     # the engine's growing list (only_grown) only what it gained is copied and compared with
     # the cache (a whole 12,000-token context took about 100 µs a draft on a 2-core Xeon, 9%
@@ -181,7 +195,7 @@ class ModelDrafter:
         self, sequence: Sequence[int], sampling: SamplingSettings
     ) -> tuple[Distribution, float]:
         """The drafter's distribution for the token after `sequence`, and its confidence."""
-        row = step_logits(self.backend, sequence, self.step_seconds, self._cache)
+        row = step_logits(self.backend, sequence, self.timings, self._cache)
         self.steps += 1
         dist = distribution(row, sampling)
         return dist, confidence(row, dist, sampling)
@@ -255,17 +269,21 @@ def only_grown(context: Sequence[int], last: Sequence[int] | None, known: int) -
 def step_logits(
     backend: Decoder,
     sequence: Sequence[int],
-    timings: list[float],
+    timings: DrafterTimings,
     agreement: CacheAgreement | None = None,
 ) -> np.ndarray:
-    """One drafter step: its logits for the token after `sequence`. The time of a plain
-    step (one new token) joins `timings`: a fair sample of what a draft token costs.
+    """One drafter step: its logits for the token after `sequence`, its time in `timings`
+    (a plain step: a fair sample of what a draft token costs; or a catch-up).
     `agreement`: the caller's with the cache (logits_for_suffix)."""
     began = time.perf_counter()
-    catch_up = len(sequence) - len(backend.cached)
+    decoded = backend.tokens_decoded
     row = logits_for_suffix(backend, sequence, 1, agreement=agreement)[0]
-    if catch_up == 1:
-        timings.append(time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    caught_up = backend.tokens_decoded - decoded - 1
+    if caught_up == 0:
+        timings.steps.append(seconds)
+    elif caught_up > 0:
+        timings.catch_ups.append((caught_up, seconds))
     return row
 
 

@@ -118,8 +118,13 @@ PROBE_TOKENS = 2
 MODEL_PROBE_TOKENS = 4
 MIN_PROBE_MATCH = 3
 # A batch of tokens decoded to catch the drafter up costs about this fraction of as many
-# single steps (llama.cpp batches them into one decode).
+# single steps (llama.cpp batches them into one decode), on the CPUs it was measured on: the
+# price until this machine's is known (costs.CostModel.catch_up_token, probed and learned).
 CATCH_UP_COST = 0.4
+# A catch-up teaches the cost table its price per token only when it read at least this
+# many: on a GPU a few tokens cost what a decode of their shape costs, little of it theirs,
+# and the price that decides whether a model drafts at all is the prompt's.
+CATCH_UP_LEARN_MIN = 16
 # A catch-up is paid once and serves the model drafts of the rounds after it, so a round
 # is charged its share: over the rounds the answer may have left, at about two tokens a
 # round, at most this many. Charged whole, the drafter's prefill of the prompt (90 tokens:

@@ -23,6 +23,7 @@ import numpy as np
 from .backend import CacheAgreement, Decoder
 from .drafters import (
     Draft,
+    DrafterTimings,
     DraftSource,
     KeepGoing,
     Outcome,
@@ -153,7 +154,7 @@ class TextDrafter:
     drafter_bos: int | None = None  # what the drafter starts its own stream with
     source: DraftSource = DraftSource.TEXT
     steps: int = field(default=0, init=False)
-    step_seconds: list[float] = field(default_factory=list, init=False)
+    timings: DrafterTimings = field(default_factory=DrafterTimings, init=False)
     text: TargetText = field(init=False)
     stream: DrafterStream = field(default_factory=DrafterStream, init=False)
     _prompt_length: int = field(default=0, init=False)
@@ -321,7 +322,7 @@ class TextDrafter:
 
     def _step(self, sequence: Sequence[int]) -> np.ndarray:
         self.steps += 1
-        return step_logits(self.model, sequence, self.step_seconds, self._cache)
+        return step_logits(self.model, sequence, self.timings, self._cache)
 
     def _as_target_draft(
         self, proposed: list[tuple[bytes, float]], following: bytes | None, max_tokens: int

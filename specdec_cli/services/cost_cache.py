@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..decoding.costs import CostModel, table_problems
+from ..decoding.costs import CatchUpPrice, CostModel, table_problems
 from ..decoding.modes import measure_pair_costs
 from ..json_cache import read_json_cache, update_json_cache
 from ..models.loading import ModelPair
@@ -63,18 +63,30 @@ def remember_costs(
                         entry["verify_seconds"][str(n)] + seconds
                     ) / 2
             entry["draft_step"] = (entry["draft_step"] + theirs.draft_step) / 2
+            if "catch_up" in entry and theirs.catch_up_price is not None:
+                mine = entry["catch_up"]
+                entry["catch_up"] = [(a + b) / 2 for a, b in zip(mine, _price(theirs), strict=True)]
         entries[key] = entry
 
     update_json_cache(costs_cache(), merge)
 
 
 def _cost_entry(costs: CostModel) -> dict:
-    return {
+    entry = {
         "measured_at": time.time(),
         "verify_seconds": {str(n): s for n, s in sorted(costs.verify_seconds.items())},
         "draft_step": costs.draft_step,
         "origin": costs.origin,
     }
+    if costs.catch_up_price is not None:
+        entry["catch_up"] = _price(costs)
+    return entry
+
+
+def _price(costs: CostModel) -> list[float]:
+    """A drafter catch-up's price as the cache keeps it: seconds fixed, and a token."""
+    assert costs.catch_up_price is not None
+    return [costs.catch_up_price.fixed, costs.catch_up_price.per_token]
 
 
 def _cached_costs(entry: object) -> CostModel | None:
@@ -87,12 +99,16 @@ def _cached_costs(entry: object) -> CostModel | None:
             return None
         table = {int(n): float(s) for n, s in entry["verify_seconds"].items()}
         step = float(entry["draft_step"])
+        price = entry.get("catch_up")  # absent: written before it was measured
+        catch_up = None if price is None else CatchUpPrice(*(float(s) for s in price))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if not table or min(table.values()) <= 0 or step < 0:
         return None
+    if catch_up is not None and min(catch_up.fixed, catch_up.per_token) < 0:
+        return None
     origin = f"cache ({entry.get('origin', 'probe')})"
-    return CostModel(table, step, origin=origin, started_at=measured_at)
+    return CostModel(table, step, catch_up, origin=origin, started_at=measured_at)
 
 
 def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = None) -> str | None:
