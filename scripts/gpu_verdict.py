@@ -215,6 +215,7 @@ def bench_lines(tag: str, bench: dict | None) -> Iterator[Line]:
             )
             yield Line(label, measured, speedup >= oracle_target and all_identical)
         yield from host_shares(tag, oracle)
+    yield from drafter_costs(tag, bench.get("decode_costs"))
     alone = rows.get("target alone, exact")
     if alone is not None and oracle_target:
         speedup = alone["speedup"]["median"]
@@ -237,6 +238,19 @@ def host_shares(tag: str, row: dict) -> Iterator[Line]:
     if alone is not None and oracle is not None:
         measured = f"target alone {alone:.1%}, oracle {oracle:.1%}"
         yield Line(f"bench {tag}: time outside the decodes", measured, None, info=True)
+
+
+def drafter_costs(tag: str, costs: dict | None) -> Iterator[Line]:
+    """The drafter's step and the price of its catch-up as the bench's runs left them: what
+    the planner weighs a model draft with on this GPU (docs/gpus.md, "The planner on a GPU")."""
+    now = (costs or {}).get("now", {})
+    if now.get("draft_step_ms") and now.get("catch_up"):
+        price = now["catch_up"]
+        measured = (
+            f"step {now['draft_step_ms']:.2f} ms; catch-up {price['fixed_ms']:.2f} ms "
+            f"+ {price['token_ms']:.4f} ms a token"
+        )
+        yield Line(f"bench {tag}: drafter", measured, None, info=True)
 
 
 def speedup_and_identity(row: dict) -> str:

@@ -101,7 +101,8 @@ def bench(oracle: float = 3.4, identical: int = 6, alone: float = 0.99) -> dict:
         row("oracle", oracle, identical),
         row("model k=8", 0.95, 6),
     ]
-    return {"summary": {"configurations": rows}}
+    costs = {"draft_step_ms": 1.21, "catch_up": {"fixed_ms": 2.183, "token_ms": 0.0325}}
+    return {"summary": {"configurations": rows}, "decode_costs": {"now": costs}}
 
 
 def write_run(
@@ -132,6 +133,8 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert "met      bench 7b: oracle >= 3.0x, 6/6 identical: 3.40x, identical 6/6" in out
     assert "info     bench 7b-padded: oracle: 3.90x" in out
     assert "info     bench 7b: time outside the decodes: target alone 3.1%, oracle 12.4%" in out
+    drafter = "step 1.21 ms; catch-up 2.18 ms + 0.0325 ms a token"
+    assert f"info     bench 7b: drafter: {drafter}" in out
     assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
     products = "info     exact mode's quantised products in the checks and benches"
     assert f"{products}: specdec's tensor-core kernel" in out
