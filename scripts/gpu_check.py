@@ -10,7 +10,9 @@ n=8 when they alternate, as a drafter's steps and a target's verifications do in
 and of the sizes a speculative run's decodes take one after another (RUN_PATTERN), plain and
 padded to multiples of 8 rows (exactness.padded_rows: verifications only, a single token stays
 one row), each against its shape's steady cost: whether padding keeps every decode within 10%
-of it, and what it costs; with how many of those decodes reused a graph (patch 0005). Exits
+of it, and what it costs; with how many of those decodes reused a graph (patch 0005). Last, a
+1024-token prompt's pass from an empty cache (exact mode cuts it into PROMPT_CHUNKs, llama.cpp's
+kernels take it in n_batch). Exits
 non-zero if an exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1
 runs exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
@@ -36,6 +38,8 @@ REPEATS = 20
 RUN_PATTERN = (1, 3, 6, 2, 8, 5, 1, 4)  # a target's decodes in a run: steps and verifications
 PADDING = 8
 WARMUP = 3
+PROMPT_TOKENS = 1024
+PROMPT_REPEATS = 3
 
 
 def invariance(backend: LlamaBackend, context: list[int], tail: list[int]) -> dict:
@@ -76,6 +80,18 @@ def timed_phase(found: dict, key: str, backend: LlamaBackend, context, tail, pat
     found[f"{key}_graphs_reused"] = f"{backend.graphs_reused() - before}/{decodes}"
 
 
+def prompt_ms(backend: LlamaBackend, prompt: list[int]) -> float:
+    """Median milliseconds of a first pass over `prompt` from an empty cache, after one."""
+    times = []
+    for repeat in range(PROMPT_REPEATS + 1):
+        backend.truncate(0)
+        start = time.perf_counter()
+        backend.decode(prompt, 1, prompt=True)
+        if repeat:
+            times.append(time.perf_counter() - start)
+    return round(1000 * float(np.median(times)), 3)
+
+
 def against_steady(run_ms: dict, steady_ms: dict, padding: int) -> dict:
     """Each decode of a run against the steady cost of the shape it took: n rows padded as
     the backend pads them (exactness.padded_rows)."""
@@ -88,7 +104,7 @@ def check(path: str, ngl: int, exact: bool) -> dict:
     # Unpadded whatever this backend pads by default: each shape's own cost, then padding's.
     backend = LlamaBackend(path, n_ctx=2048, n_gpu_layers=ngl, exact=exact, verify_padding=1)
     try:
-        tokens = backend.tokenize(TEXT, add_special=True)
+        tokens = backend.tokenize(TEXT * 5, add_special=True)
         context, tail = tokens[:128], tokens[128 : 128 + 64]
         backend.decode(context, 1, prompt=True)
         found = {"invariance": invariance(backend, context, tail)}
@@ -102,6 +118,7 @@ def check(path: str, ngl: int, exact: bool) -> dict:
             found["padded_run_against_steady"] = against_steady(
                 found["padded_run_ms"], found["steady_ms"], PADDING
             )
+        found["prompt_ms"] = {PROMPT_TOKENS: prompt_ms(backend, tokens[:PROMPT_TOKENS])}
         return found
     finally:
         backend.close()
@@ -131,6 +148,7 @@ def report(key: str, found: dict) -> None:
             )
             print(f"  {key}_ms (ms / against its shape's steady cost): {ratios}", flush=True)
             print(f"  {key} graphs reused: {found[f'{key}_graphs_reused']}", flush=True)
+    print(f"  first pass of a {PROMPT_TOKENS}-token prompt: {found['prompt_ms'][PROMPT_TOKENS]} ms")
 
 
 def main() -> int:

@@ -150,7 +150,18 @@ def model_checks(check: dict) -> Iterator[Line]:
         if fast:
             ratio = found["steady_ms"]["1"] / fast["steady_ms"]["1"]
             yield Line(f"{model}: exact step against fast", f"{ratio:.3f}x", None, info=True)
+            yield from prompt_passes(model, found, fast)
         yield from shape_changes(model, found)
+
+
+def prompt_passes(model: str, exact: dict, fast: dict) -> Iterator[Line]:
+    """A long prompt's first pass, exact (cut into PROMPT_CHUNKs) against llama.cpp's: what
+    exact mode's fixed chunks cost a long prompt's first token on this GPU."""
+    if "prompt_ms" in exact and "prompt_ms" in fast:
+        tokens, ms = next(iter(exact["prompt_ms"].items()))
+        fast_ms = fast["prompt_ms"][tokens]
+        measured = f"{ms:.1f} ms against {fast_ms:.1f} ms, {ms / fast_ms:.2f}x"
+        yield Line(f"{model}: a {tokens}-token prompt's pass, exact", measured, None, info=True)
 
 
 def shape_changes(model: str, found: dict) -> Iterator[Line]:

@@ -73,6 +73,7 @@ def model_found(
         "run_against_steady": {"1": plain, "2": 1.0, "8": 1.0},
         "padded_run_ms": {"1": step * padded, "2": verify * padded, "8": verify * padded},
         "padded_run_against_steady": {"1": padded, "2": padded, "8": padded},
+        "prompt_ms": {"1024": 130.0},
     }
 
 
@@ -81,6 +82,7 @@ def check_json(**exact) -> dict:
     for model in MODELS:
         found[f"{model}:exact"] = model_found(**exact)
         found[f"{model}:fast"] = model_found(step=3.75, verify=8.3)
+        found[f"{model}:fast"]["prompt_ms"] = {"1024": 100.0}
     return found
 
 
@@ -133,6 +135,8 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert "met      bench 7b: oracle >= 3.0x, 6/6 identical: 3.40x, identical 6/6" in out
     assert "info     bench 7b-padded: oracle: 3.90x" in out
     assert "info     bench 7b: time outside the decodes: target alone 3.1%, oracle 12.4%" in out
+    prompt = "a 1024-token prompt's pass, exact: 130.0 ms against 100.0 ms, 1.30x"
+    assert f"info     qwen2.5-7b.gguf: {prompt}" in out
     drafter = "step 1.21 ms; catch-up 2.18 ms + 0.0325 ms a token"
     assert f"info     bench 7b: drafter: {drafter}" in out
     assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
