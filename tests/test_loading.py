@@ -166,6 +166,20 @@ def test_the_drafters_catch_up_price_is_cached_with_the_table(clock, tmp_path):
     assert older.origin == "cache (probe)" and older.catch_up_price is None
 
 
+def test_a_concurrent_write_back_of_the_catch_up_price_is_met_halfway(clock, tmp_path):
+    pair = timed_pair(clock, QUIET, tmp_path)  # the drafter: 20 ms a token, a batch too
+    costs = pair_costs(pair, HARDWARE, kernels="k1")
+    for _ in range(20):
+        costs.observe_verify(1, 0.046)
+    costs.observe_catch_up(200, 0.02 + 200 * 0.010)  # this run's prompt: 10 ms a token
+    key = costs_key(pair, HARDWARE, "k1")
+    entries = cached_entries()
+    entries[key] = {**entries[key], "measured_at": time.time() + 1, "catch_up": [0.0, 0.030]}
+    write_json_cache(costs_cache(), entries)
+    remember_costs(pair, HARDWARE, costs, kernels="k1")
+    assert cached_entries()[key]["catch_up"] == pytest.approx([0.0, (0.010 + 0.030) / 2])
+
+
 @pytest.mark.parametrize(
     ("draft", "mode", "label"),
     [
