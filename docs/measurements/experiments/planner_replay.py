@@ -1,7 +1,10 @@
 """The planner on a GPU's measured costs, replayed on any machine: how much faster than the
 target alone `--drafter model` answers when every decode costs what the H200 measured
 (docs/gpus.md), and from which pass model drafts start, for each price of the drafter's
-catch-up (the tokens it reads before its first draft: the prompt).
+catch-up (the tokens it reads before its first draft: the prompt). Then `--drafter ngram`
+and `combined` (the default) on an answer that copies its prompt, as an edit does, with a
+model drafter that is never right: prompt lookup's share of "faster where text is
+predictable" on a GPU.
 
 The models are decoders that compute nothing (host_costs.NullDecoder) on a simulated clock
 that moves only when they decode, by the H200's tables: the 7B shape's exact kernels, the
@@ -80,9 +83,7 @@ def answer(table, prompt_length: int, catch_up: CatchUpPrice | None, drafter_rig
     drafter = TimedNullDecoder(
         target_answer if drafter_right else (lambda p: target_answer(p) + 1), DRAFTER_05B
     )
-    prompt = [
-        int(t) for t in np.random.default_rng(prompt_length).integers(300, 150000, prompt_length)
-    ]
+    prompt = random_prompt(prompt_length)
     planner = None
     if drafter_right is not None:
         costs = CostModel(dict(table), DRAFTER_STEP, catch_up)
@@ -96,6 +97,32 @@ def answer(table, prompt_length: int, catch_up: CatchUpPrice | None, drafter_rig
             elif event.source == "model" and first_model is None:
                 first_model = generation.stats.target_passes
     return clock[0] - start, first_model
+
+
+def random_prompt(length: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(length).integers(300, 150000, length)]
+
+
+def copying(table, prompt_length: int, mode: str | None) -> float:
+    """Seconds after the prompt's pass of an answer that copies the prompt from its 10th
+    token on, drafted in `mode` (None: the target alone)."""
+    prompt = random_prompt(prompt_length)
+
+    def copy(position: int) -> int:
+        return prompt[10 + position - prompt_length]
+
+    target = TimedNullDecoder(copy, table)
+    drafter = TimedNullDecoder(lambda p: copy(p) + 1, DRAFTER_05B)
+    planner = None
+    if mode is not None:
+        costs = CostModel(dict(table), DRAFTER_STEP, PRICES["probed"])
+        planner = build_drafter(mode, target, drafter, costs)
+    generation = Generation(target, prompt, GenerationSettings(max_tokens=ANSWER_TOKENS), planner)
+    start = None
+    for event in generation.events():
+        if isinstance(event, Round) and start is None:
+            start = clock[0]
+    return clock[0] - start
 
 
 def main() -> None:
@@ -115,6 +142,13 @@ def main() -> None:
                 print(f"| {name} | {who} | {prompt_length} | {' | '.join(cells)} |")
     for name, price in PRICES.items():
         print(f"{name}: {price.as_dict() if price else f'{CATCH_UP_COST} of a step a token'}")
+    print("\n| target | prompt, copied by the answer | ngram | combined |")
+    print("| --- | --- | --- | --- |")
+    for name, table in TARGETS.items():
+        for prompt_length in (300, 1000):
+            alone = copying(table, prompt_length, None)
+            ngram, combined = (copying(table, prompt_length, m) for m in ("ngram", "combined"))
+            print(f"| {name} | {prompt_length} | {alone / ngram:.2f}x | {alone / combined:.2f}x |")
 
 
 if __name__ == "__main__":
