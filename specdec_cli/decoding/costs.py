@@ -255,8 +255,10 @@ def shared_pass_costs(
 @dataclass(frozen=True)
 class CatchUpPrice:
     """What a drafter step that first reads n tokens costs beyond a step: fixed + n x
-    per_token. On a CPU the fixed part is nothing and a token about 0.2-0.4 of a step. On a
-    GPU a batch costs little more than a step, but another kernel than a step's (llama.cpp's
+    per_token. On a CPU a token costs 0.15-0.4 of a step, and the fixed part 0 to 0.6 of one
+    (2-core Xeon, 2026-12-07: SmolLM2 0-3 ms + 1.7-2.0 ms a token, step 11-12 ms; Qwen 0.5B
+    21-22 ms + 4.9-5.1 ms a token, step 34-36 ms). On a GPU a batch costs little more than
+    a step, but another kernel than a step's (llama.cpp's
     MMQ past 8 rows: a 0.5B drafter on the H200, 1.2 ms a step, 3.8 ms for 9-16 rows, 32 µs
     a row beyond): priced per token alone, as on a CPU, a prompt's catch-up kept model drafts
     from starting at all (docs/gpus.md, "The planner on a GPU")."""

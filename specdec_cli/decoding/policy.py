@@ -119,7 +119,8 @@ MODEL_PROBE_TOKENS = 4
 MIN_PROBE_MATCH = 3
 # A batch of tokens decoded to catch the drafter up costs about this fraction of as many
 # single steps (llama.cpp batches them into one decode), on the CPUs it was measured on: the
-# price until this machine's is known (costs.CostModel.catch_up_token, probed and learned).
+# price until this machine's is known (costs.CatchUpPrice, probed and learned: 0.14-0.19 on
+# the 2-core Xeon with AVX-512, 2026-12-07).
 CATCH_UP_COST = 0.4
 # A catch-up teaches the cost table its price per token only when it read at least this
 # many: on a GPU a few tokens cost what a decode of their shape costs, little of it theirs,
