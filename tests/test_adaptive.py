@@ -12,6 +12,7 @@ from fakes import (
     FakeBackend,
     ScriptedClock,
     TimedBackend,
+    gpu_like_drafter,
     scripted_model,
     sequence_model,
     table_cost,
@@ -189,16 +190,9 @@ def test_probe_checks(samples, problem):
     assert probe_problems(ProbeTimings({1: [0.03, 0.031], 2: [0.06, 0.062]}, [0.02])) == []
 
 
-def gpu_like_drafter(n: int) -> float:
-    """A GPU's drafter: a batch costs little more than a step (20 ms), but past 8 rows it
-    takes another kernel (4 ms more), and each token adds 1 ms. A CPU's constant would price
-    each token at 0.4 of a step, 8 ms."""
-    return DRAFT_STEP + (0.004 if n > 8 else 0.0) + 0.001 * (n - 1)
-
-
 def test_a_probe_prices_a_drafters_catch_up_as_a_line_through_two_sizes(clock):
     target, drafter = timed_pair(clock, QUIET)
-    drafter.cost = gpu_like_drafter
+    drafter.cost = gpu_like_drafter  # a CPU's constant would price each token at 8 ms
     costs = measure_costs(target, drafter, [t % N_VOCAB for t in range(80)])
     assert costs.trusted and costs.draft_step == pytest.approx(DRAFT_STEP)
     assert astuple(costs.catch_up_price) == pytest.approx((0.004, 0.001))
@@ -226,6 +220,14 @@ def test_the_run_learns_the_catch_up_price_per_token_from_its_large_catch_ups():
     fixed = CostModel({1: 1.0}, draft_step=0.1, learn=False)
     fixed.observe_catch_up(200, 0.5)
     assert fixed.catch_up_price is None
+
+
+def test_pooled_costs_learn_the_catch_ups_of_the_runs_they_absorb():
+    pooled = CostModel({1: 1.0}, draft_step=0.1)  # unmeasured: priced at CATCH_UP_COST
+    run = CostModel({1: 1.0}, draft_step=0.1, catch_up_price=CatchUpPrice(0.01, 0.05))
+    run.observe_catch_up(200, 0.1 + 0.01 + 200 * 0.002)
+    pooled.absorb(run)
+    assert astuple(pooled.catch_up_price) == pytest.approx((0.01, 0.002))
 
 
 def test_a_model_drafters_catch_up_is_timed_and_learned_by_the_run(clock):

@@ -12,6 +12,7 @@ from fakes import (
     ScriptedClock,
     TimedBackend,
     decode_request,
+    gpu_like_drafter,
     scripted_model,
     table_cost,
     table_model,
@@ -151,7 +152,7 @@ def test_a_write_back_keeps_other_keys_and_meets_a_concurrent_one_halfway(clock,
 
 def test_the_drafters_catch_up_price_is_cached_with_the_table(clock, tmp_path):
     pair = timed_pair(clock, QUIET, tmp_path)
-    pair.drafter.cost = lambda n: 0.02 + (0.004 if n > 8 else 0) + 0.001 * (n - 1)
+    pair.drafter.cost = gpu_like_drafter
     price = CatchUpPrice(0.004, 0.001)
     first = pair_costs(pair, HARDWARE, kernels="k1").catch_up_price
     assert astuple(first) == pytest.approx(astuple(price))

@@ -124,10 +124,17 @@ class CostModel:
         """A drafter step that first read `n_tokens` it lacked took `seconds`: its price per
         token (the fixed part stays the probe's)."""
         if self.learning and n_tokens >= CATCH_UP_LEARN_MIN and seconds > 0:
-            price = self.catch_up_price or CatchUpPrice(0.0, 0.0)
-            beyond = seconds - self.draft_step - price.fixed
-            self._catch_ups.append(max(0.0, beyond) / n_tokens)
-            self.catch_up_price = replace(price, per_token=float(np.median(self._catch_ups)))
+            fixed = self.catch_up_price.fixed if self.catch_up_price else 0.0
+            self._learn_catch_up([max(0.0, seconds - self.draft_step - fixed) / n_tokens])
+
+    def _learn_catch_up(
+        self, per_token: Sequence[float], fixed_from: CatchUpPrice | None = None
+    ) -> None:
+        """The price per token: the median of the recent ones, these last (the fixed part is
+        this table's, else `fixed_from`'s, else nothing)."""
+        self._catch_ups.extend(per_token)
+        price = self.catch_up_price or fixed_from or CatchUpPrice(0.0, 0.0)
+        self.catch_up_price = replace(price, per_token=float(np.median(self._catch_ups)))
 
     def observations(self, n_tokens: int) -> int:
         """Decodes of n tokens timed so far in this run."""
@@ -163,9 +170,7 @@ class CostModel:
         for seconds in other._steps:
             self.observe_draft_step(seconds)
         if self.learning and other._catch_ups:
-            self._catch_ups.extend(other._catch_ups)
-            price = self.catch_up_price or other.catch_up_price or CatchUpPrice(0.0, 0.0)
-            self.catch_up_price = replace(price, per_token=float(np.median(self._catch_ups)))
+            self._learn_catch_up(other._catch_ups, other.catch_up_price)
 
     def healed(self) -> CostModel:
         """What this run learned, as a starting table for the next."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 from ..decoding.costs import CatchUpPrice, CostModel, table_problems
@@ -64,8 +65,8 @@ def remember_costs(
                     ) / 2
             entry["draft_step"] = (entry["draft_step"] + theirs.draft_step) / 2
             if "catch_up" in entry and theirs.catch_up_price is not None:
-                mine = entry["catch_up"]
-                entry["catch_up"] = [(a + b) / 2 for a, b in zip(mine, _price(theirs), strict=True)]
+                pairs = zip(entry["catch_up"], astuple(theirs.catch_up_price), strict=True)
+                entry["catch_up"] = [(a + b) / 2 for a, b in pairs]
         entries[key] = entry
 
     update_json_cache(costs_cache(), merge)
@@ -78,15 +79,9 @@ def _cost_entry(costs: CostModel) -> dict:
         "draft_step": costs.draft_step,
         "origin": costs.origin,
     }
-    if costs.catch_up_price is not None:
-        entry["catch_up"] = _price(costs)
+    if costs.catch_up_price is not None:  # seconds fixed, and a token
+        entry["catch_up"] = list(astuple(costs.catch_up_price))
     return entry
-
-
-def _price(costs: CostModel) -> list[float]:
-    """A drafter catch-up's price as the cache keeps it: seconds fixed, and a token."""
-    assert costs.catch_up_price is not None
-    return [costs.catch_up_price.fixed, costs.catch_up_price.per_token]
 
 
 def _cached_costs(entry: object) -> CostModel | None:
