@@ -21,6 +21,7 @@ tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 source_dir="$work/llama_cpp_python-$version"
 mkdir -p "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec"
 cp "$root"/native/rowwise/rowwise.h "$root"/native/rowwise/rowwise_x86.c "$root"/native/rowwise/rowwise_ggml.c \
+    "$root"/native/rowwise/attention.h "$root"/native/rowwise/attention.c \
     "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/"
 mkdir -p "$source_dir/vendor/llama.cpp/ggml/src/ggml-cuda/specdec"
 cp "$root"/native/cuda/mmv_tc.cu "$root"/native/cuda/mmv_tc.cuh "$source_dir/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/"

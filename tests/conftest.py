@@ -69,7 +69,8 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     """Tiny llama GGUFs written once per session (~0.1 s); see tiny_gguf.TinyModels.
 
     Paths: .target, .close_drafter, .unrelated_drafter, .incompatible, .oversized,
-    .padded_drafter, .gqa_drafter, .soft_target, .soft_drafter.
+    .padded_drafter, .gqa_drafter, .soft_target, .soft_drafter, the quantised targets and
+    .endless_target (see tiny_gguf.TinyModels).
     """
     return build_tiny_models(tmp_path_factory.mktemp("tiny_gguf"))
 

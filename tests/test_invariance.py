@@ -77,7 +77,9 @@ def assert_batch_invariant(path, threads: int, largest: int, control: bool = Fal
     assert differ == expected, f"batch sizes whose logits differ: {differ}"
 
 
-@pytest.mark.parametrize("model", ["target", "gqa_drafter"], ids=["f32", "f16-gqa"])
+@pytest.mark.parametrize(
+    "model", ["target", "gqa_drafter", "mqa_target"], ids=["f32", "f16-gqa", "specdec-attention"]
+)
 def test_exact_backend_logits_are_bitwise_the_same_at_every_batch_size(tiny_models, model):
     backend = LlamaBackend(getattr(tiny_models, model), n_ctx=256, n_threads=2, exact=True)
     try:
@@ -137,36 +139,77 @@ def test_a_quantised_batch_dependence_of_one_ulp_is_seen(tiny_models, target):
     assert_batch_invariant(getattr(tiny_models, target), 2, EXACT_BATCH_ROWS, control=True)
 
 
-@pytest.mark.parametrize("target", QUANTISED_TARGETS)
-def test_quantised_exact_logits_agree_with_llama_cpps_kernels(tiny_models, target, monkeypatch):
-    # Same quantised weights and activations, other kernels: only the float summation order
-    # differs, so the logits agree closely (a misread block layout would not). llama.cpp's
-    # side decodes one token at a time: its batched Q5_K kernels part from its own one-token
-    # ones by up to 1.4% of the logits' range on this model (seen on an AVX-512 CPU). Both
-    # read the context as llama.cpp's kernels compute it (not the invariant prompt kernels).
-    monkeypatch.setattr(library, "_invariant_prompts", False)
-    exact = LlamaBackend(getattr(tiny_models, target), n_ctx=256, n_threads=2, exact=True)
-    fast = LlamaBackend(getattr(tiny_models, target), n_ctx=256, n_threads=2, exact=False)
+@pytest.fixture
+def llama_cpps_attention():
+    """Exact mode's attention on llama.cpp's one-row path instead of specdec's kernel, for the
+    test's duration."""
+    assert library.use_specdec_attention(False)
+    yield
+    library.use_specdec_attention(True)
+
+
+def exact_and_llama_cpps_rows(path) -> list[np.ndarray]:
+    """Eight tokens after a context: exact mode's logits, decoded in one batch, and llama.cpp's
+    kernels' (--fast), one token at a time. Both read the context as llama.cpp's kernels
+    compute it (not the invariant prompt kernels)."""
+    exact = LlamaBackend(path, n_ctx=256, n_threads=2, exact=True)
+    fast = LlamaBackend(path, n_ctx=256, n_threads=2, exact=False)
     try:
         context = exact.tokenize(CONTEXT, add_special=True)
         tokens = exact.tokenize(CONTINUATION, add_special=False)[:8]
         exact.decode(context, 1)
         fast.decode(context, 1)
-        rows = [
+        return [
             np.array(exact.decode(tokens, len(tokens))),
             np.array([np.array(fast.decode([token], 1))[0] for token in tokens]),
         ]
-        scale = float(np.abs(rows[1]).max())
-        difference = np.abs(rows[0] - rows[1])
-        # Float order alone gives differences near 1e-7 of the range, now and then amplified
-        # where a value sits on a rounding boundary of the next layer's 8-bit activations (one
-        # row of the Q5_0 model: 1.2% of the range); a misread layout moves every row.
-        assert float(np.median(difference)) <= 1e-5 * scale
-        assert (difference.max(axis=1) <= 1e-3 * scale).mean() >= 0.75
-        assert (rows[0].argmax(axis=1) == rows[1].argmax(axis=1)).all()
     finally:
         exact.close()
         fast.close()
+
+
+@pytest.mark.parametrize("target", QUANTISED_TARGETS)
+def test_quantised_exact_logits_agree_with_llama_cpps_kernels(
+    tiny_models, target, monkeypatch, llama_cpps_attention
+):
+    # Same quantised weights and activations, other kernels: only the float summation order
+    # differs, so the logits agree closely (a misread block layout would not). llama.cpp's
+    # side decodes one token at a time: its batched Q5_K kernels part from its own one-token
+    # ones by up to 1.4% of the logits' range on this model (seen on an AVX-512 CPU). Attention
+    # takes the same path on both sides (specdec's kernel is checked below).
+    monkeypatch.setattr(library, "_invariant_prompts", False)
+    rows = exact_and_llama_cpps_rows(getattr(tiny_models, target))
+    scale = float(np.abs(rows[1]).max())
+    difference = np.abs(rows[0] - rows[1])
+    # Float order alone gives differences near 1e-7 of the range, now and then amplified
+    # where a value sits on a rounding boundary of the next layer's 8-bit activations (one
+    # row of the Q5_0 model: 1.2% of the range); a misread layout moves every row.
+    assert float(np.median(difference)) <= 1e-5 * scale
+    assert (difference.max(axis=1) <= 1e-3 * scale).mean() >= 0.75
+    assert (rows[0].argmax(axis=1) == rows[1].argmax(axis=1)).all()
+
+
+def test_exact_modes_attention_is_specdecs_kernel_and_agrees_with_llama_cpps(
+    tiny_models, monkeypatch
+):
+    # The kernel computes exact mode's attention: with it the logits are not llama.cpp's one-row
+    # path's bits. They stay as close as that path's own rounding allows: it adds the values in
+    # FP16 (a relative error near 2^-11 a key, here up to 0.5% of the logits' range after two
+    # layers), where the kernel adds them in FP32 (within 3e-6 of the double-precision result,
+    # native/rowwise/test_attention.c). A misread layout or head would move every row.
+    monkeypatch.setattr(library, "_invariant_prompts", False)
+    path = tiny_models.mqa_target  # four query heads to a KV head: the kernel takes it
+    with_kernel = exact_and_llama_cpps_rows(path)[0]
+    assert library.use_specdec_attention(False)
+    try:
+        with_one_row_path = exact_and_llama_cpps_rows(path)[0]
+    finally:
+        library.use_specdec_attention(True)
+    scale = float(np.abs(with_one_row_path).max())
+    difference = np.abs(with_kernel - with_one_row_path)
+    assert float(difference.max()) > 0
+    assert float(np.median(difference)) <= 1e-2 * scale
+    assert (with_kernel.argmax(axis=1) == with_one_row_path.argmax(axis=1)).all()
 
 
 def test_exact_and_fast_backends_share_one_process(tiny_models):
@@ -229,3 +272,18 @@ def test_an_exact_backend_decodes_prompts_with_the_kernels_this_machine_chose(
     finally:
         exact.close()
         fast.close()
+
+
+def test_models_with_few_query_heads_to_a_kv_head_keep_llama_cpps_attention(
+    tiny_models, monkeypatch
+):
+    # Two query heads to a KV head: a one-token step would fill too few of the kernel's lanes,
+    # so it is declined at every batch size and the logits are the one-row path's bits.
+    monkeypatch.setattr(library, "_invariant_prompts", False)
+    with_switch_on = exact_and_llama_cpps_rows(tiny_models.gqa_drafter)[0]
+    assert library.use_specdec_attention(False)
+    try:
+        with_switch_off = exact_and_llama_cpps_rows(tiny_models.gqa_drafter)[0]
+    finally:
+        library.use_specdec_attention(True)
+    assert np.array_equal(with_switch_on, with_switch_off)

@@ -29,7 +29,7 @@ from specdec_cli.serve.responses import Answer
 from specdec_cli.services.lifecycle import Slot
 
 CTX = 2048  # each slot's
-LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on to the end of the context
+LONG_PROMPT = "hello"  # raw, greedy: the endless target goes on to the end of the context
 # as long an answer as a slot's context holds (a longer max_tokens is a 400, as OpenAI's)
 LONG_ANSWER = CTX - 16
 QUESTIONS = ["the cat sat on", "what is the time", "one two three", "a b c d e f"]
@@ -37,7 +37,7 @@ ANSWER_TOKENS = 300  # long enough that four answers sent at once are made side 
 
 
 def models_of(tiny_models) -> tuple[str, ...]:
-    return ("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter))
+    return ("--target", str(tiny_models.endless_target), "--draft", str(tiny_models.close_drafter))
 
 
 def same_settings(tiny_models) -> tuple[str, ...]:
@@ -176,7 +176,7 @@ def test_a_prompt_too_long_for_a_slot_is_a_400_and_the_other_answers_go_on(serve
 
 def test_a_full_queue_is_a_503_with_every_slot_busy(tiny_models, tmp_path):
     server = ServerProcess(
-        *("--target", str(tiny_models.target), "--no-draft", "--parallel", "2"),
+        *("--target", str(tiny_models.endless_target), "--no-draft", "--parallel", "2"),
         *("--max-queue", "1", "--threads", "1"),
         *("--ctx-size", str(CTX)),
         home=tmp_path,

@@ -23,15 +23,16 @@ from specdec_cli.llama.library import PROMPT_CHUNK
 KEY = "test-key"
 SECOND_KEY = "another-client"  # a second --api-key: its own history, its own caches
 CTX = 32768
-LONG_PROMPT = "hello"  # raw, greedy: the tiny target goes on for 6000+ tokens
-LONG_CHAT = "one two three four"  # chat, greedy: ~1500 tokens before it stops
+# The servers' target is the endless one: its answers run to max_tokens
+LONG_PROMPT = "hello"
+LONG_CHAT = "one two three four"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
     home = tmp_path_factory.mktemp("serve-home")
     process = ServerProcess(
-        *("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter)),
+        *("--target", str(tiny_models.endless_target), "--draft", str(tiny_models.close_drafter)),
         *("--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1"),
         *("--api-key", KEY, "--api-key", SECOND_KEY, "--json-log"),
         home=home,
@@ -431,7 +432,8 @@ SCHEMA = {
 
 
 def test_structured_answers_match_and_are_specdec_runs(server, tiny_models, tmp_path):
-    models = ("--target", str(tiny_models.target), "--draft", str(tiny_models.close_drafter))
+    models = ("--target", str(tiny_models.endless_target))
+    models += ("--draft", str(tiny_models.close_drafter))
     same = (*models, "--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1", "-n", "48")
     schema_file = tmp_path / "schema.json"
     schema_file.write_text(json.dumps(SCHEMA))
@@ -443,7 +445,10 @@ def test_structured_answers_match_and_are_specdec_runs(server, tiny_models, tmp_
     assert json.loads(text)["size"] in ("small", "large")
     assert text == run_json("the cat", *same, "--json-schema", str(schema_file))["text"]
 
-    grammar = 'root ::= ("cat" | "sat" | "mat") (" " ("cat" | "sat" | "mat"))*\n'
+    # at most three words: the grammar ends the answer (the endless target never would)
+    grammar = (
+        'root ::= word | word " " word | word " " word " " word\nword ::= "cat" | "sat" | "mat"\n'
+    )
     grammar_file = tmp_path / "words.gbnf"
     grammar_file.write_text(grammar)
     raw = complete(server, "the cat", max_tokens=12, grammar=grammar)
@@ -458,7 +463,7 @@ def test_structured_answers_match_and_are_specdec_runs(server, tiny_models, tmp_
 
 def test_a_full_queue_answers_503_and_shutdown_is_clean(tiny_models, tmp_path):
     server = ServerProcess(
-        *("--target", str(tiny_models.target), "--no-draft", "--max-queue", "1"),
+        *("--target", str(tiny_models.endless_target), "--no-draft", "--max-queue", "1"),
         *("--ctx-size", str(CTX), "--threads", "1"),
         home=tmp_path,
     )

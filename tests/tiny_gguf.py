@@ -279,6 +279,7 @@ def write_tiny_llama(
             weights[tname] = arr + delta
 
     arch = "llama"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_context_length(config.n_ctx)
@@ -376,6 +377,13 @@ class TinyModels:
     q5_k_target: Path  # the K-quant target's weights in Q5_K and Q6_K
     q8_0_target: Path  # the K-quant target's weights in Q8_0
     q5_0_target: Path  # the K-quant target's weights in Q5_0
+    # Other seed, one KV head for its four query heads: exact mode's attention takes specdec's
+    # kernel (patch 0002), which models with fewer query heads to a KV head do not
+    mqa_target: Path
+    # The target's weights but </s> and <|im_end|> never generated (eos_scale 0): every answer
+    # runs to its max_tokens, for tests that need a long one whatever the kernels' last bits.
+    # Named target.gguf too (in endless/), so a server of it lists the model as "target".
+    endless_target: Path
 
 
 def build_tiny_models(directory: str | Path) -> TinyModels:
@@ -453,4 +461,10 @@ def build_tiny_models(directory: str | Path) -> TinyModels:
         soft_target,
         soft_drafter,
         *quantised.values(),
+        write_tiny_llama(
+            d / "mqa_target.gguf", seed=31, config=TinyConfig(n_head_kv=1), name="tiny-mqa"
+        ),
+        write_tiny_llama(
+            d / "endless" / "target.gguf", seed=TARGET_SEED, eos_scale=0.0, name="tiny-endless"
+        ),
     )

@@ -114,6 +114,16 @@ def rowwise_kernels() -> str:
     return "absent" if isa is None else isa().decode()
 
 
+def use_specdec_attention(enabled: bool) -> bool:
+    """Whether exact mode's batches take specdec's attention kernel on the CPU (patch 0002, on by
+    default) or llama.cpp's one-row path, process-wide: for comparing the two. False where the
+    build has no such kernel."""
+    switch = native_function("ggml_cpu_specdec_set_attention", [ctypes.c_bool], None)
+    if switch is not None:
+        switch(enabled)
+    return switch is not None
+
+
 class _DecodeThread:
     """One thread that runs every llama_decode handed to it. llama.cpp's CPU backend splits
     each decode over OpenMP threads, and every thread that calls it gets a team of its own:
