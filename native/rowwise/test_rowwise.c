@@ -16,27 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-static int passed, failed;
-
-static void check(int ok, const char * what) {
-    if (ok) {
-        passed++;
-    } else {
-        failed++;
-        printf("FAIL: %s\n", what);
-    }
-}
-
-// xorshift64*: reproducible random bytes
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t) ((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-static int rnd_range(int lo, int hi) { return lo + (int) (rnd() % (uint32_t) (hi - lo + 1)); }
-static float rnd_float(float lo, float hi) { return lo + (hi - lo) * (float) (rnd() >> 8) / 16777216.0f; }
+#include "test_common.h"
 
 // IEEE half <-> float for normal values in the ranges used here (no F16C needed by the reference)
 static uint16_t to_fp16(float f) {
