@@ -67,7 +67,7 @@ static _Atomic bool attention_enabled = true;
 // model's attention takes one path whatever its batch): a one-token step fills that few of a
 // call's 16 lanes, and llama.cpp's one-row path costs less. SmolLM2 135M, 3 to a KV head, at 3,000
 // tokens of context: 31.5 against 27.7 ms a step with it (2-core Xeon, AVX-512); Qwen2.5 0.5B, 7:
-// 38.9 against 45.4 ms (docs/measurements/experiments/attention_costs.py).
+// 37.0 against 44.3 ms (docs/measurements/experiments/attention_costs.py).
 #define ATTENTION_MIN_GROUP 4
 
 void ggml_cpu_specdec_set_attention(bool enabled) {
