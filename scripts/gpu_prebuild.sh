@@ -4,7 +4,7 @@
 # Needs CUDA's compiler (nvcc, no driver or GPU). cuBLAS comes from PyPI's nvidia-cublas wheel of
 # nvcc's release; where the toolkit has no driver stub, one of ours stands in for libcuda.so.1 at
 # link time (the GPU machine's driver is the one loaded). The libraries are built from the kit's
-# source (.gpu/src.tar.gz, made by its pack.sh) with native/cuda and native/rowwise's attention
+# source (.gpu/src.tar.gz, made by its pack.sh) with native/cuda's kernels and native/rowwise's attention
 # copied in, as gpu_device.sh
 # builds them, for AVX2 CPUs without AVX-512 whatever this CPU has: the GPU machine's may lack it.
 # Fails where a library exports libstdc++'s code (the load crash of issue 40).
@@ -49,7 +49,8 @@ fi
 tar -xzf "$dir/src.tar.gz" -C "$work"
 fresh=$(echo "$work"/llama_cpp_python-*)
 mkdir -p "$fresh/vendor/llama.cpp/ggml/src/ggml-cuda/specdec"
-cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh "$fresh/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/"
+cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh native/cuda/fattn_rows.cu native/cuda/fattn_rows.cuh \
+    "$fresh/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/"
 # the kit packs native/rowwise's first three files; patch 0002 compiles its attention kernel too
 cp native/rowwise/attention.c native/rowwise/attention.h native/rowwise/rowwise_ggml.c \
     "$fresh/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/"

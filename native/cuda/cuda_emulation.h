@@ -1,8 +1,10 @@
-// Just enough of CUDA to run mmv_tc.cu's kernel on a CPU, for the test of its indexing where no
-// GPU is at hand: every CUDA thread is a std::thread, __syncthreads a barrier of the block,
-// and mma.m16n8k16 a warp-wide exchange through memory that computes what the PTX ISA says
-// each lane gets ("Matrix Fragments for mma.m16n8k16 with integer type"). Blocks run one after
-// another, so a __shared__ array may be a static. Slow, and only for small test matrices.
+// Just enough of CUDA to run specdec's kernels (mmv_tc.cu, fattn_rows.cu) on a CPU, for the
+// tests of their indexing where no GPU is at hand: every CUDA thread is a std::thread,
+// __syncthreads a barrier of the block, __syncwarp one of the warp, and mma.m16n8k16 a
+// warp-wide exchange through memory that computes what the PTX ISA says each lane gets
+// ("Matrix Fragments for mma.m16n8k16 with integer type"). Blocks (one-dimensional, in a grid
+// of up to three) run one after another, so a __shared__ array may be a static. Slow, and only
+// for small test matrices.
 #pragma once
 
 #include <barrier>
@@ -60,6 +62,8 @@ inline block_state * current_block = nullptr;
 
 inline void syncthreads() { current_block->sync->arrive_and_wait(); }
 
+inline void syncwarp() { current_block->warps[threadIdx.x / 32]->arrived.arrive_and_wait(); }
+
 inline int8_t byte_at(int word, int k) { return (int8_t) ((uint32_t) word >> (8 * k)); }
 
 // Lane l holds rows l/4 and l/4 + 8 of A and column l/4 of B at k slots 4*(l%4) .. 4*(l%4)+3,
@@ -96,31 +100,41 @@ inline uint32_t vsub4(uint32_t a, uint32_t b) {
 }
 
 template <class Kernel, class... Args>
+void run_block(dim3 block_index, dim3 block, Kernel kernel, Args... args) {
+    block_state state;
+    state.sync = std::make_unique<std::barrier<>>(block.x);
+    for (unsigned w = 0; w < block.x / 32; ++w) {
+        state.warps.push_back(std::make_unique<warp_exchange>());
+    }
+    current_block = &state;
+    std::vector<std::thread> threads;
+    for (unsigned tx = 0; tx < block.x; ++tx) {
+        threads.emplace_back([=] {
+            threadIdx = dim3(tx);
+            blockIdx  = block_index;
+            kernel(args...);
+        });
+    }
+    for (std::thread & thread : threads) {
+        thread.join();
+    }
+    current_block = nullptr;
+}
+
+template <class Kernel, class... Args>
 void launch(dim3 grid, dim3 block, Kernel kernel, Args... args) {
     gridDim  = grid;
     blockDim = block;
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-        block_state state;
-        state.sync = std::make_unique<std::barrier<>>(block.x);
-        for (unsigned w = 0; w < block.x / 32; ++w) {
-            state.warps.push_back(std::make_unique<warp_exchange>());
+    for (unsigned bz = 0; bz < grid.z; ++bz) {
+        for (unsigned by = 0; by < grid.y; ++by) {
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                run_block(dim3(bx, by, bz), block, kernel, args...);
+            }
         }
-        current_block = &state;
-        std::vector<std::thread> threads;
-        for (unsigned tx = 0; tx < block.x; ++tx) {
-            threads.emplace_back([=] {
-                threadIdx = dim3(tx);
-                blockIdx  = dim3(bx);
-                kernel(args...);
-            });
-        }
-        for (std::thread & thread : threads) {
-            thread.join();
-        }
-        current_block = nullptr;
     }
 }
 
 }  // namespace emulation
 
 #define __syncthreads() emulation::syncthreads()
+#define __syncwarp() emulation::syncwarp()
