@@ -44,9 +44,9 @@ test: install test-native
 	$(PY) -m pytest -ra
 
 # The row-wise kernels alone (native/rowwise/test_rowwise.c): built once for each instruction set
-# this machine runs, and once without any (where the kernels must decline). The tensor-core
-# kernel (native/cuda/test_mmv_tc.cu) through its CPU emulation; `make -C native/cuda gpu-test`
-# runs it on a GPU.
+# this machine runs, and once without any (where the kernels must decline). The CUDA kernels
+# (native/cuda/test_mmv_tc.cu, test_fattn_rows.cu) through their CPU emulation;
+# `make -C native/cuda gpu-test` runs them on a GPU.
 test-native:
 	$(MAKE) -C native/rowwise test
 	$(MAKE) -C native/cuda test

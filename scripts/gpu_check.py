@@ -1,6 +1,8 @@
 """Exact mode on a GPU: batch invariance and decode costs of GGUF models, all layers offloaded.
 
-Usage: python scripts/gpu_check.py NGL MODEL.gguf [MODEL.gguf ...]   (the project importable)
+Usage: python scripts/gpu_check.py [--exact] NGL MODEL.gguf [MODEL.gguf ...]  (project importable)
+--exact: exact mode alone (as when SPECDEC_CUDA_FATTN_ROWS=1 puts its attention on patch 0006's
+kernel, which fast mode never takes).
 
 Per model and mode (exact, then fast): decode a 128-token context, then n tokens one at a time
 and the same n tokens in one batch (n = 2..32); print the largest logit difference, how many
@@ -12,8 +14,9 @@ padded to multiples of 8 rows (exactness.padded_rows: verifications only, a sing
 one row), each against its shape's steady cost: whether padding keeps every decode within 10%
 of it, and what it costs; with how many of those decodes reused a graph (patch 0005). Last, a
 1024-token prompt's pass from an empty cache (exact mode cuts it into PROMPT_CHUNKs, llama.cpp's
-kernels take it in n_batch). Exits
-non-zero if an exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1
+kernels take it in n_batch). Then the same at LONG_CONTEXT tokens of context: invariance,
+and the steady cost of n = 1 and 8, where attention is what grows with a verification's rows.
+Exits non-zero if an exact row differs. Ends with one JSON line of everything. SPECDEC_CUDA_MMV_TC=1
 runs exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
 Run by the GPU kit (scripts/gpu/device.sh) on a machine with a GPU; see README (GPUs).
@@ -33,6 +36,7 @@ from specdec_cli.llama.library import cuda_products, system_info
 
 TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
 INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)
+LONG_INVARIANCE_SIZES = (2, 8, 9, 16)
 COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 16, 32, 64)
 REPEATS = 20
 RUN_PATTERN = (1, 3, 6, 2, 8, 5, 1, 4)  # a target's decodes in a run: steps and verifications
@@ -40,11 +44,13 @@ PADDING = 8
 WARMUP = 3
 PROMPT_TOKENS = 1024
 PROMPT_REPEATS = 3
+LONG_CONTEXT = 3000  # as the CPU's attention was measured (docs/exactness.md, "Attention")
+N_CTX = 4096
 
 
-def invariance(backend: LlamaBackend, context: list[int], tail: list[int]) -> dict:
+def invariance(backend: LlamaBackend, context: list[int], tail: list[int], sizes) -> dict:
     out = {}
-    for n in INVARIANCE_SIZES:
+    for n in sizes:
         backend.truncate(len(context))
         single = np.vstack([np.array(backend.decode([t], 1)) for t in tail[:n]])
         backend.truncate(len(context))
@@ -92,6 +98,19 @@ def prompt_ms(backend: LlamaBackend, prompt: list[int]) -> float:
     return round(1000 * float(np.median(times)), 3)
 
 
+def long_context(backend: LlamaBackend, tokens: list[int]) -> dict:
+    """Invariance and the steady cost of a step and of a verification of 8 rows at
+    LONG_CONTEXT tokens of context."""
+    context, tail = tokens[:LONG_CONTEXT], tokens[LONG_CONTEXT : LONG_CONTEXT + 32]
+    backend.truncate(0)
+    backend.decode(context, 1, prompt=True)
+    return {
+        "context": LONG_CONTEXT,
+        "invariance": invariance(backend, context, tail, LONG_INVARIANCE_SIZES),
+        "steady_ms": {n: timed(backend, context, tail, [n])[n] for n in (1, 8)},
+    }
+
+
 def against_steady(run_ms: dict, steady_ms: dict, padding: int) -> dict:
     """Each decode of a run against the steady cost of the shape it took: n rows padded as
     the backend pads them (exactness.padded_rows)."""
@@ -102,12 +121,12 @@ def against_steady(run_ms: dict, steady_ms: dict, padding: int) -> dict:
 
 def check(path: str, ngl: int, exact: bool) -> dict:
     # Unpadded whatever this backend pads by default: each shape's own cost, then padding's.
-    backend = LlamaBackend(path, n_ctx=2048, n_gpu_layers=ngl, exact=exact, verify_padding=1)
+    backend = LlamaBackend(path, n_ctx=N_CTX, n_gpu_layers=ngl, exact=exact, verify_padding=1)
     try:
-        tokens = backend.tokenize(TEXT * 5, add_special=True)
+        tokens = backend.tokenize(TEXT * 15, add_special=True)
         context, tail = tokens[:128], tokens[128 : 128 + 64]
         backend.decode(context, 1, prompt=True)
-        found = {"invariance": invariance(backend, context, tail)}
+        found = {"invariance": invariance(backend, context, tail, INVARIANCE_SIZES)}
         found["steady_ms"] = {n: timed(backend, context, tail, [n])[n] for n in COST_SIZES}
         timed_phase(found, "alternating", backend, context, tail, [1, 8])
         timed_phase(found, "run", backend, context, tail, RUN_PATTERN)
@@ -119,18 +138,23 @@ def check(path: str, ngl: int, exact: bool) -> dict:
                 found["padded_run_ms"], found["steady_ms"], PADDING
             )
         found["prompt_ms"] = {PROMPT_TOKENS: prompt_ms(backend, tokens[:PROMPT_TOKENS])}
+        found["long_context"] = long_context(backend, tokens)
         return found
     finally:
         backend.close()
 
 
-def report(key: str, found: dict) -> None:
-    print(key, flush=True)
-    for n, r in found["invariance"].items():
+def report_invariance(invariance: dict) -> None:
+    for n, r in invariance.items():
         print(
             f"  n={n:2d} max|diff| {r['max_diff']:.3g}  identical rows {r['rows_identical']}/{n}"
             f"  same top token {r['same_argmax']}/{n}"
         )
+
+
+def report(key: str, found: dict) -> None:
+    print(key, flush=True)
+    report_invariance(found["invariance"])
     steady = found["steady_ms"]
     print("  steady ms by n:", " ".join(f"{n}:{v}" for n, v in steady.items()))
     print("  as multiples of n=1:", " ".join(f"{n}:{v / steady[1]:.2f}" for n, v in steady.items()))
@@ -149,25 +173,40 @@ def report(key: str, found: dict) -> None:
             print(f"  {key}_ms (ms / against its shape's steady cost): {ratios}", flush=True)
             print(f"  {key} graphs reused: {found[f'{key}_graphs_reused']}", flush=True)
     print(f"  first pass of a {PROMPT_TOKENS}-token prompt: {found['prompt_ms'][PROMPT_TOKENS]} ms")
+    long = found["long_context"]
+    print(f"  at {long['context']} tokens of context:")
+    report_invariance(long["invariance"])
+    step, verify = long["steady_ms"][1], long["steady_ms"][8]
+    print(f"  steady ms: n=1 {step}, n=8 {verify} ({verify / step:.2f}x)", flush=True)
+
+
+def differing_rows(key: str, found: dict) -> list[str]:
+    """The invariance checks (short and long context) where an exact row differed."""
+    checks = [("", found["invariance"]), (" long", found["long_context"]["invariance"])]
+    return [
+        f"{key}{where} n={n}"
+        for where, invariance in checks
+        for n, r in invariance.items()
+        if r["rows_identical"] != n
+    ]
 
 
 def main() -> int:
-    ngl, paths = int(sys.argv[1]), sys.argv[2:]
+    args = sys.argv[1:]
+    modes = (True,) if args[:1] == ["--exact"] else (True, False)
+    args = args[1:] if args[:1] == ["--exact"] else args
+    ngl, paths = int(args[0]), args[1:]
     print(system_info()[:200], flush=True)
     print(f"exact mode's Q4_K/Q6_K/Q8_0 products on CUDA: {cuda_products()}", flush=True)
     results, failures = {}, []
     for path in paths:
         name = path.rsplit("/", 1)[-1]
-        for exact in (True, False):
+        for exact in modes:
             key = f"{name}:{'exact' if exact else 'fast'}"
             results[key] = check(path, ngl, exact)
             report(key, results[key])
             if exact:
-                failures += [
-                    f"{key} n={n}"
-                    for n, r in results[key]["invariance"].items()
-                    if r["rows_identical"] != n
-                ]
+                failures += differing_rows(key, results[key])
     print(json.dumps(results))
     print("exact rows differ:", ", ".join(failures) if failures else "none")
     return 1 if failures else 0

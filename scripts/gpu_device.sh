@@ -5,9 +5,10 @@
 # .gpu/lib.tar.xz holds libraries that load here (scripts/gpu_prebuild.sh builds them without a
 # GPU), checks that it loads, writes shape-true random-weight models, then measures exact mode's
 # invariance and costs (scripts/gpu_check.py), runs `specdec bench` on the GPU, and times patch
-# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py).
+# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py); last, exact
+# mode with patch 0006's attention kernel (opt-in), where its own test passed.
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
-# REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 200 s) when
+# REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 240 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
 # exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
 # (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build; where it
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 nvcc --version | tail -1; nproc; grep -m1 'model name' /proc/cpuinfo
 t "tensor-core kernel's own test"
 TC=${TC:-1}
-if ! timeout 120 make -s -C native/cuda gpu-test OUT=$W/cuda; then
+if ! timeout 120 make -s -C native/cuda gpu-test-mmv-tc OUT=$W/cuda; then
   # A kernel that gives other bits than its documented order is not measured as exact mode's:
   # its bench alone still says what it costs, and the rest measures patch 0003's kernels.
   t "KERNEL TEST FAILED: its bench alone, then the checks and benches without it (TC=0)"
@@ -32,6 +33,9 @@ if ! timeout 120 make -s -C native/cuda gpu-test OUT=$W/cuda; then
   TC=0
 fi
 echo "exact products: SPECDEC_CUDA_MMV_TC=$TC"
+t "attention kernel's own test"
+FATTN=1  # patch 0006's kernel, measured in models last (opt-in), where its own test passes
+timeout 90 make -s -C native/cuda gpu-test-fattn-rows OUT=$W/cuda || { t "ATTENTION KERNEL TEST FAILED"; FATTN=0; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site "$G"/whl/*.whl
 mkdir -p $W/b $W/m $W/home && tar -xzf "$G/src.tar.gz" -C $W/b
 S=$W/b/llama_cpp_python-$(cat "$G/version")
@@ -85,7 +89,7 @@ print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.
 PYTHONPATH=$PYTHONPATH:$S/vendor/llama.cpp/gguf-py python3 scripts/check_build.py || t "BUILD CHECK FAILED"
 t check
 : > $W/check.txt
-[ "${CHECK:-1}" = 0 ] || timeout 200 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
+[ "${CHECK:-1}" = 0 ] || timeout 240 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
 grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
 bench() {  # target drafter modes tag
   timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
@@ -105,6 +109,25 @@ t "graphs per shape"
 for m in qwen2.5-7b qwen2.5-0.5b; do
   timeout 60 python3 docs/measurements/experiments/alternating_shapes.py $W/m/$m.gguf 100
 done
+# Patch 0006's attention kernel in exact mode (SPECDEC_CUDA_FATTN_ROWS=1) on a 7B and a 0.5B
+# shape (head sizes 128 and 64), against check.json's exact mode on 0003's vector kernel: its
+# results join check.json under "<model>:exact+fattn_rows"
+if [ "$FATTN" = 1 ] && [ "${CHECK:-1}" != 0 ]; then
+  t "attention kernel in models"
+  SPECDEC_CUDA_FATTN_ROWS=1 timeout 150 python3 scripts/gpu_check.py --exact -1 $W/m/qwen2.5-7b.gguf \
+      $W/m/qwen2.5-0.5b.gguf > $W/check-fattn.txt 2>&1
+  grep -v '^{' $W/check-fattn.txt
+  python3 - "$LOG/check.json" $W/check-fattn.txt <<'EOF'
+import json, sys
+from pathlib import Path
+found = [json.loads(l) for l in Path(sys.argv[2]).read_text().splitlines() if l.startswith("{")]
+check = Path(sys.argv[1])
+merged = json.loads(check.read_text() or "{}") if check.exists() else {}
+for key, value in (found[0] if found else {}).items():
+    merged[key.replace(":exact", ":exact+fattn_rows")] = value
+check.write_text(json.dumps(merged))
+EOF
+fi
 t done
 # issue 40's targets against what this run measured (also what a call cut short did not reach)
 python3 scripts/gpu_verdict.py "$LOG"

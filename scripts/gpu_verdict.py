@@ -2,10 +2,12 @@
 
 Usage: python scripts/gpu_verdict.py LOGDIR   (what scripts/gpu_device.sh wrote there)
 
-It reads run.log (the tensor-core kernel's own test and bench, the libraries' exports),
-check.json (scripts/gpu_check.py) and bench-*.json (`specdec bench --json`), and prints one
-line per target: met, NOT MET, or missing (the run did not get that far). Exit status 0 only
-when every target is measured and met. Lines marked "info" carry numbers without a target.
+It reads run.log (specdec's CUDA kernels' own tests and benches, the libraries' exports),
+check.json (scripts/gpu_check.py; keys ending in ":exact+fattn_rows" are its exact mode with
+patch 0006's attention kernel) and bench-*.json (`specdec bench --json`), and prints one line
+per target: met, NOT MET, or missing (the run did not get that far). Exit status 0 only when
+every target is measured and met. Lines marked "info" carry numbers without a target: patch
+0006's attention kernel is one, opt-in until a GPU run has measured it.
 """
 
 from __future__ import annotations
@@ -105,6 +107,36 @@ def kernel_bench(log: str) -> Iterator[Line]:
         yield Line(f"n=1 against reading the weights once, {warps} warps", floors, None, info=True)
 
 
+FATTN_ROWS = "exact mode's attention kernel (patch 0006)"
+FATTN_BENCH_ROW = re.compile(r"^(\S+)\s+(\d+)\s+(\d+)\s+([\d.]+)((?:\s+[\d.]+){5})\s+([\d.]+)x\s*$")
+
+
+def attention_kernel(log: str) -> Iterator[Line]:
+    """test_fattn_rows on the GPU: every pair the same bits in every batch, and its cost at
+    8 rows against 1 by context (the floor: reading one layer's keys and values once)."""
+    found = re.findall(
+        r"^(d=\d+[^:]*): (FAILED|every pair the same bits in every batch)", log, re.M
+    )
+    if not found:
+        yield Line(f"{FATTN_ROWS}: its own test", "not run", None, info=True)
+        return
+    failed = [name for name, verdict in found if verdict == "FAILED"]
+    measured = f"{len(found) - len(failed)}/{len(found)} shapes ok" + (
+        f", FAILED: {'; '.join(failed)}" if failed else ""
+    )
+    yield Line(f"{FATTN_ROWS}: its own test", measured, None, info=True)
+    for line in log.splitlines():
+        if match := FATTN_BENCH_ROW.match(line):
+            model, context, floor = match.group(1), match.group(2), float(match.group(4))
+            n1, n8 = (float(v) for v in match.group(5).split()[0:4:3])
+            yield Line(
+                f"{FATTN_ROWS}: {model} layer at {context} tokens",
+                f"n=1 {n1:.1f} us, n=8 {n8:.1f} us ({n8 / n1:.2f}x), floor {floor:.1f} us",
+                None,
+                info=True,
+            )
+
+
 def exact_products(log: str) -> Iterator[Line]:
     """Which kernels the checks and benches gave exact mode's Q4_K, Q6_K and Q8_0 products
     (gpu_device.sh leaves the tensor-core kernel out where its own test failed)."""
@@ -131,7 +163,7 @@ def model_checks(check: dict) -> Iterator[Line]:
         yield Line("gpu_check.py: every exact row identical, n = 2..32", "not run", None)
         return
     for model, found in exact.items():
-        differing = [n for n, r in found["invariance"].items() if r["rows_identical"] != int(n)]
+        differing = differing_sizes(found)
         measured = (
             "all identical" if not differing else f"rows differ at n = {', '.join(differing)}"
         )
@@ -152,6 +184,57 @@ def model_checks(check: dict) -> Iterator[Line]:
             yield Line(f"{model}: exact step against fast", f"{ratio:.3f}x", None, info=True)
             yield from prompt_passes(model, found, fast)
         yield from shape_changes(model, found)
+        yield from long_context(model, found, fast)
+    yield from attention_in_models(check, exact)
+
+
+def differing_sizes(found: dict) -> list[str]:
+    """The batch sizes whose exact rows differed, at 128 tokens of context and at the long
+    context (marked "long") where gpu_check.py measured it."""
+    checks = [("", found["invariance"])]
+    if "long_context" in found:
+        checks.append((" long", found["long_context"]["invariance"]))
+    return [
+        f"{n}{where}"
+        for where, invariance in checks
+        for n, r in invariance.items()
+        if r["rows_identical"] != int(n)
+    ]
+
+
+def verify_against_step(long: dict) -> str:
+    step, verify = long["steady_ms"]["1"], long["steady_ms"]["8"]
+    return f"step {step:.2f} ms, verify(8) {verify:.2f} ms ({verify / step:.2f}x)"
+
+
+def long_context(model: str, exact: dict, fast: dict | None) -> Iterator[Line]:
+    """A verification against a step at the long context, exact and fast: what attention adds
+    to a verification beyond a step there."""
+    if "long_context" not in exact:
+        return
+    long = exact["long_context"]
+    measured = "exact " + verify_against_step(long)
+    if fast and "long_context" in fast:
+        measured += "; fast " + verify_against_step(fast["long_context"])
+    yield Line(f"{model}: at {long['context']} tokens of context", measured, None, info=True)
+
+
+def attention_in_models(check: dict, exact: dict) -> Iterator[Line]:
+    """gpu_check.py --exact with SPECDEC_CUDA_FATTN_ROWS=1 against patch 0003's exact mode."""
+    for key, found in check.items():
+        if not key.endswith(":exact+fattn_rows"):
+            continue
+        model = key.split(":")[0]
+        differing = differing_sizes(found)
+        measured = (
+            "rows identical" if not differing else f"rows differ at n = {', '.join(differing)}"
+        )
+        if "long_context" in found:
+            measured += "; " + verify_against_step(found["long_context"])
+            vector = exact.get(model, {}).get("long_context")
+            if vector:
+                measured += " (vector kernel: " + verify_against_step(vector) + ")"
+        yield Line(f"{model}: {FATTN_ROWS}", measured, None, info=True)
 
 
 def prompt_passes(model: str, exact: dict, fast: dict) -> Iterator[Line]:
@@ -281,6 +364,7 @@ def verdict(log_dir: Path) -> list[Line]:
         (log_dir / "run.log").read_text(errors="replace") if (log_dir / "run.log").exists() else ""
     )
     lines: list[Line] = [*kernel_test(log), *kernel_bench(log), *exact_products(log)]
+    lines += attention_kernel(log)
     lines += library_exports(log)
     lines += model_checks(read_json(log_dir / "check.json") or {})
     for tag in ("7b", "1.5b", "7b-padded"):

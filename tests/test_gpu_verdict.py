@@ -31,7 +31,27 @@ def bench_row(matrix: str, warps: int, floor: float, us: list[float]) -> str:
     return f"{matrix:<20} {warps:5d} {floor:8.1f}{columns} {us[3] / us[0]:8.2f}x {1e4 / us[0]:9.0f}"
 
 
-def run_log(kernel: str = "ok", n8: float = 12.5, exported: int = 0, tc: int = 1) -> str:
+def attention_log(verdict: str = "every pair the same bits in every batch") -> list[str]:
+    """test_fattn_rows's lines as it prints them: a verdict per shape, then its bench rows
+    ("%-6s %7d %5d %8.1f", " %8.1f" per row count, " %7.2fx")."""
+    verdicts = [
+        f"d=64, 14 heads, 2 KV heads, 3 parts: {verdict} (double precision: 2.15e-06)",
+        "d=128, 12 heads, 2 KV heads, 2 parts: every pair the same bits in every batch"
+        " (double precision: 2.61e-06)",
+    ]
+    bench = [
+        "NVIDIA H200; us per layer's attention of n rows, and the floor: reading its keys and"
+        " values once",
+        f"{'7B':<6} {4096:7d} {32:5d} {9.5:8.1f}"
+        + "".join(f" {t:8.1f}" for t in (12.0, 12.5, 13.0, 15.0, 19.0))
+        + f" {15.0 / 12.0:7.2f}x",
+    ]
+    return verdicts + bench
+
+
+def run_log(
+    kernel: str = "ok", n8: float = 12.5, exported: int = 0, tc: int = 1, attention: str = ""
+) -> str:
     tests = [
         f"{t}, {w} warps: {kernel if t == 'Q6_K' else 'ok'} (double product: 1e-08)"
         for w in (8, 4, 16)
@@ -48,7 +68,8 @@ def run_log(kernel: str = "ok", n8: float = 12.5, exported: int = 0, tc: int = 1
         for name, count in (("ggml-cuda", exported), ("llama", 0))
     ]
     products = [f"exact products: SPECDEC_CUDA_MMV_TC={tc}"]
-    return "\n".join(tests + bench + products + exports) + "\n"
+    attention_lines = attention_log(attention) if attention else attention_log()
+    return "\n".join(tests + bench + products + attention_lines + exports) + "\n"
 
 
 def model_found(
@@ -57,6 +78,8 @@ def model_found(
     verify: float = 4.5,
     plain: float = 1.02,
     padded: float = 1.02,
+    long_identical: int = 8,
+    long_verify: float = 7.6,
 ) -> dict:
     """gpu_check.py's findings for one model and mode; `plain`: a run's one-row decodes
     against a steady step; `padded`: a padded run's decodes against their shapes' steady costs
@@ -74,6 +97,14 @@ def model_found(
         "padded_run_ms": {"1": step * padded, "2": verify * padded, "8": verify * padded},
         "padded_run_against_steady": {"1": padded, "2": padded, "8": padded},
         "prompt_ms": {"1024": 130.0},
+        "long_context": {
+            "context": 3000,
+            "invariance": {
+                str(n): {"max_diff": 0.0, "rows_identical": n, "same_argmax": n} for n in (2, 8)
+            }
+            | {"8": {"max_diff": 0.1, "rows_identical": long_identical, "same_argmax": 8}},
+            "steady_ms": {"1": 4.0, "8": long_verify},
+        },
     }
 
 
@@ -83,6 +114,7 @@ def check_json(**exact) -> dict:
         found[f"{model}:exact"] = model_found(**exact)
         found[f"{model}:fast"] = model_found(step=3.75, verify=8.3)
         found[f"{model}:fast"]["prompt_ms"] = {"1024": 100.0}
+    found[f"{MODELS[0]}:exact+fattn_rows"] = model_found(long_verify=5.0)
     return found
 
 
@@ -144,6 +176,29 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert f"{products}: specdec's tensor-core kernel" in out
     assert "info     bench 7b: model k=8: 0.95x, identical 6/6" in out
     assert "info     bench 7b-padded: target alone, exact: 0.99x, identical 5/6" in out
+    long = "exact step 4.00 ms, verify(8) 7.60 ms (1.90x); fast step 4.00 ms, verify(8) 7.60 ms"
+    assert f"info     qwen2.5-7b.gguf: at 3000 tokens of context: {long} (1.90x)" in out
+    attention = "exact mode's attention kernel (patch 0006)"
+    assert f"info     {attention}: its own test: 2/2 shapes ok" in out
+    kernel_bench = "7B layer at 4096 tokens: n=1 12.0 us, n=8 15.0 us (1.25x), floor 9.5 us"
+    assert f"info     {attention}: {kernel_bench}" in out
+    in_model = "rows identical; step 4.00 ms, verify(8) 5.00 ms (1.25x) (vector kernel: step"
+    assert f"info     qwen2.5-7b.gguf: {attention}: {in_model} 4.00 ms, verify(8) 7.60" in out
+
+
+def test_patch_0006s_attention_kernel_is_information_not_a_target(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    """Opt-in until a GPU run measures it: its failures show, and fail nothing."""
+    check = check_json()
+    check["qwen2.5-7b.gguf:exact+fattn_rows"] = model_found(identical=7)
+    folder = write_run(tmp_path, log=run_log(attention="FAILED"), check=check)
+    code, out = verdict(gpu_verdict, folder, monkeypatch, capsys)
+    assert code == 0, out
+    attention = "exact mode's attention kernel (patch 0006)"
+    failed = "1/2 shapes ok, FAILED: d=64, 14 heads, 2 KV heads, 3 parts"
+    assert f"info     {attention}: its own test: {failed}" in out
+    assert f"info     qwen2.5-7b.gguf: {attention}: rows differ at n = 8;" in out
 
 
 def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(
@@ -175,6 +230,11 @@ def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(
         (
             {"check": check_json(identical=7)},
             "NOT MET  qwen2.5-7b.gguf: every exact row identical, n = 2..32: rows differ at n = 8",
+        ),
+        (
+            {"check": check_json(long_identical=7)},
+            "NOT MET  qwen2.5-7b.gguf: every exact row identical, n = 2..32: "
+            "rows differ at n = 8 long",
         ),
         (
             {"check": check_json(verify=5.3)},
