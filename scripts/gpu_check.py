@@ -32,7 +32,7 @@ import numpy as np
 
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.llama.exactness import padded_rows
-from specdec_cli.llama.library import cuda_products, system_info
+from specdec_cli.llama.library import cuda_attention, cuda_products, system_info
 
 TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
 INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)
@@ -198,6 +198,7 @@ def main() -> int:
     ngl, paths = int(args[0]), args[1:]
     print(system_info()[:200], flush=True)
     print(f"exact mode's Q4_K/Q6_K/Q8_0 products on CUDA: {cuda_products()}", flush=True)
+    print(f"exact mode's attention on CUDA: {cuda_attention()}", flush=True)
     results, failures = {}, []
     for path in paths:
         name = path.rsplit("/", 1)[-1]

@@ -110,14 +110,30 @@ def test_measured_costs_name_the_cuda_product_kernel(monkeypatch):
     assert library.kernel_signature(True) == plain
 
 
+def test_measured_costs_and_caches_name_the_cuda_attention_kernel(monkeypatch):
+    """Costs and cached states computed with patch 0006's attention kernel are not reused
+    without it: its results differ from the vector kernel's in the last bits."""
+    build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH, CUDA_SWITCH})
+    monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
+    monkeypatch.delenv("SPECDEC_CUDA_FATTN_ROWS", raising=False)
+    plain = library.kernel_signature(True)
+    assert "cuda-attention=vector" in plain
+    monkeypatch.setenv("SPECDEC_CUDA_FATTN_ROWS", "1")
+    assert library.kernel_signature(True) == plain.replace("=vector", "=rows")
+    assert "cuda-attention" not in library.kernel_signature(False)
+
+
+@pytest.mark.parametrize("variable", ["SPECDEC_CUDA_MMV_TC", "SPECDEC_CUDA_FATTN_ROWS"])
 @pytest.mark.parametrize("value", ["yes", "true", " 1", "2"])
-def test_a_cuda_product_switch_the_library_would_read_otherwise_is_refused(monkeypatch, value):
+def test_a_cuda_kernel_switch_the_library_would_read_otherwise_is_refused(
+    monkeypatch, variable, value
+):
     """The library takes exactly "1" as on: any other value would key costs by a kernel that
     did not run."""
     build = FakeBuild([("CPU", CPU), ("CUDA", GPU)], {CPU_SWITCH, CUDA_SWITCH})
     monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
-    monkeypatch.setenv("SPECDEC_CUDA_MMV_TC", value)
-    with pytest.raises(BadUsageError, match="SPECDEC_CUDA_MMV_TC must be 1"):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(BadUsageError, match=f"{variable} must be 1"):
         library.kernel_signature(True)
 
 

@@ -188,16 +188,31 @@ def verify_padding(on_gpu: bool) -> int:
 
 def cuda_products() -> str:
     """The kernel exact mode's Q4_K, Q6_K and Q8_0 products take on CUDA: "tensor-cores" (specdec's
-    native/cuda/mmv_tc.cu, patch 0004) where SPECDEC_CUDA_MMV_TC=1, else "mmvq" (patch 0003).
-    Opt-in until it is measured on a GPU; the library reads the variable at its first product,
-    and takes exactly "1" as on, so no other value may pass for it here."""
-    switch = os.environ.get("SPECDEC_CUDA_MMV_TC", "")
+    native/cuda/mmv_tc.cu, patch 0004) where SPECDEC_CUDA_MMV_TC=1, else "mmvq" (patch 0003)."""
+    on = _cuda_opt_in("SPECDEC_CUDA_MMV_TC", "specdec's tensor-core products")
+    return "tensor-cores" if on else "mmvq"
+
+
+def cuda_attention() -> str:
+    """The kernel exact mode's attention takes on CUDA: "rows" (specdec's
+    native/cuda/fattn_rows.cu, patch 0006) where SPECDEC_CUDA_FATTN_ROWS=1, else "vector"
+    (patch 0003's vector kernel)."""
+    on = _cuda_opt_in("SPECDEC_CUDA_FATTN_ROWS", "specdec's attention kernel")
+    return "rows" if on else "vector"
+
+
+def _cuda_opt_in(variable: str, kernel: str) -> bool:
+    """An opt-in CUDA kernel's switch (off unless set, until the kernel is measured on a GPU).
+    The library reads the variable at the kernel's first use and takes exactly "1" as on, so
+    no other value may pass for it here: costs and caches would be keyed by a kernel that did
+    not run."""
+    switch = os.environ.get(variable, "")
     if switch not in ("", "0", "1"):
         raise BadUsageError(
-            f"SPECDEC_CUDA_MMV_TC must be 1 (specdec's tensor-core products) or 0, not '{switch}'.",
-            "Unset it, or set it to 1 to measure the tensor-core kernel.",
+            f"{variable} must be 1 ({kernel}) or 0, not '{switch}'.",
+            f"Unset it, or set it to 1 to measure {kernel}.",
         )
-    return "tensor-cores" if switch == "1" else "mmvq"
+    return switch == "1"
 
 
 def invariant_prompts() -> bool:
@@ -245,6 +260,7 @@ def kernel_signature(exact: bool) -> str:
         parts.append(f"rowwise={rowwise_kernels()}")
         if exact and "CUDA" in _exactness.gpu_backends:
             parts.append(f"cuda-products={cuda_products()}")
+            parts.append(f"cuda-attention={cuda_attention()}")
         if exact and invariant_prompts():  # a prompt's keys differ from chunked prompts'
             parts.append("prompts=invariant")
     return ",".join(parts)
