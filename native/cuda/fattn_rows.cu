@@ -2,6 +2,7 @@
 // of summing. Compiled by nvcc into ggml's CUDA backend (patch 0006), and by a C++ compiler with
 // cuda_emulation.h for the CPU test of its indexing (test_fattn_rows.cu).
 #include "fattn_rows.cuh"
+#include "kernel_launch.cuh"
 
 #include <float.h>
 #include <math.h>
@@ -179,23 +180,12 @@ __global__ void __launch_bounds__(D) fattn_rows_combine(const specdec_fattn_rows
     a.dst[pair * D + d] = out / sum;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), or its emulation on the CPU
-template <class Kernel, class... Args>
-void launch(Kernel kernel, dim3 grid, dim3 block, void * stream, Args... args) {
-#ifdef __CUDACC__
-    kernel<<<grid, block, 0, (cudaStream_t) stream>>>(args...);
-#else
-    (void) stream;
-    emulation::launch(grid, block, kernel, args...);
-#endif
-}
-
 template <int D>
 void launch_head_dim(const specdec_fattn_rows_args & a, void * stream) {
     const int pairs = a.rows * (a.heads / a.kv_heads);
     const dim3 grid(a.n_parts, a.kv_heads * a.seqs, (pairs + nwarps - 1) / nwarps);
-    launch(fattn_rows_part<D>, grid, dim3(nwarps * warp_size), stream, a);
-    launch(fattn_rows_combine<D>, dim3(a.heads, a.rows, a.seqs), dim3(D), stream, a);
+    specdec_launch(fattn_rows_part<D>, grid, dim3(nwarps * warp_size), stream, a);
+    specdec_launch(fattn_rows_combine<D>, dim3(a.heads, a.rows, a.seqs), dim3(D), stream, a);
 }
 
 }  // namespace

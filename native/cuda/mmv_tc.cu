@@ -2,6 +2,7 @@
 // order of summing. Compiled by nvcc into ggml's CUDA backend (patch 0004), and by a C++
 // compiler with cuda_emulation.h for the CPU test of its indexing (test_mmv_tc.cu).
 #include "mmv_tc.cuh"
+#include "kernel_launch.cuh"
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
@@ -337,17 +338,6 @@ mmv_tc(const typename W::block * __restrict__ x, const specdec_block_q8_1 * __re
     }
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), or its emulation on the CPU
-template <class Kernel, class... Args>
-void launch(Kernel kernel, dim3 grid, dim3 block, void * stream, Args... args) {
-#ifdef __CUDACC__
-    kernel<<<grid, block, 0, (cudaStream_t) stream>>>(args...);
-#else
-    (void) stream;
-    emulation::launch(grid, block, kernel, args...);
-#endif
-}
-
 template <class W, int nwarps>
 void launch_columns(const void * x, const void * y, float * dst, int nrows, int ncols_x, int stride_row_x,
                     int ncols, int stride_col_y, int stride_col_dst, void * stream) {
@@ -359,7 +349,7 @@ void launch_columns(const void * x, const void * y, float * dst, int nrows, int 
         const int n = ncols - c0 < SPECDEC_MMV_MAX_COLS ? ncols - c0 : SPECDEC_MMV_MAX_COLS;
         const specdec_block_q8_1 * y_c = (const specdec_block_q8_1 *) y + (int64_t) c0 * stride_col_y;
         float * dst_c = dst + (int64_t) c0 * stride_col_dst;
-        launch(n <= SPECDEC_MMV_TILE_COLS ? mmv_tc<W, 1, nwarps> : mmv_tc<W, 2, nwarps>, grid, block, stream, x_w, y_c, dst_c, nrows,
+        specdec_launch(n <= SPECDEC_MMV_TILE_COLS ? mmv_tc<W, 1, nwarps> : mmv_tc<W, 2, nwarps>, grid, block, stream, x_w, y_c, dst_c, nrows,
                nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
     }
 }

@@ -20,7 +20,7 @@
 #include <vector>
 
 #ifdef __CUDACC__
-#include <cuda_runtime.h>
+#include "test_common_cuda.h"
 #else
 #include "cuda_emulation.h"
 #endif
@@ -196,20 +196,15 @@ double error_in_double(const problem & p, int seq, int row, int head, const floa
     return worst;
 }
 
-#ifdef __CUDACC__
-void check_cuda(cudaError_t e, const char * what) {
-    if (e != cudaSuccess) {
-        std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-        std::exit(2);
-    }
+void point_at(specdec_fattn_rows_args & a, const float * q, const uint16_t * k, const uint16_t * v, const uint16_t * mask,
+              float * dst, float * partials) {
+    a.q = (const char *) q;
+    a.k = (const char *) k;
+    a.v = (const char *) v;
+    a.mask = (const char *) mask;
+    a.dst = dst;
+    a.partials = partials;
 }
-template <class T> T * to_device(const std::vector<T> & v) {
-    T * d = nullptr;
-    check_cuda(cudaMalloc(&d, v.size() * sizeof(T)), "cudaMalloc");
-    check_cuda(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
-    return d;
-}
-#endif
 
 // The kernel's output for the batch `rows` (a row of the problem per place), with a cache of
 // n_kv cells: [seq][place][head][d].
@@ -257,12 +252,7 @@ std::vector<float> run(const problem & p, const std::vector<int> & rows, int n_k
     uint16_t * dm = to_device(mask);
     float * dd = to_device(dst);
     float * dp = to_device(partials);
-    a.q = (const char *) dq;
-    a.k = (const char *) dk;
-    a.v = (const char *) dv;
-    a.mask = (const char *) dm;
-    a.dst = dd;
-    a.partials = dp;
+    point_at(a, dq, dk, dv, dm, dd, dp);
     specdec_fattn_rows(a, nullptr);
     check_cuda(cudaGetLastError(), "launch");
     check_cuda(cudaMemcpy(dst.data(), dd, dst.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -270,12 +260,7 @@ std::vector<float> run(const problem & p, const std::vector<int> & rows, int n_k
         cudaFree(ptr);
     }
 #else
-    a.q = (const char *) q.data();
-    a.k = (const char *) p.k.data();
-    a.v = (const char *) p.v.data();
-    a.mask = (const char *) mask.data();
-    a.dst = dst.data();
-    a.partials = partials.data();
+    point_at(a, q.data(), p.k.data(), p.v.data(), mask.data(), dst.data(), partials.data());
     specdec_fattn_rows(a, nullptr);
 #endif
     return dst;
@@ -362,17 +347,6 @@ int check(const shape & s, unsigned seed) {
 }
 
 #ifdef __CUDACC__
-__global__ void read_all(const uint4 * __restrict__ v, size_t n, uint32_t * sink) {
-    uint32_t acc = 0;
-    for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n; i += (size_t) gridDim.x * blockDim.x) {
-        const uint4 q = v[i];
-        acc ^= q.x ^ q.y ^ q.z ^ q.w;
-    }
-    if (acc == 0x12345678) {
-        *sink = acc;
-    }
-}
-
 // Microseconds per call (one layer's attention) by rows and context, against reading one
 // layer's keys and values once (the floor).
 int bench() {
@@ -388,11 +362,6 @@ int bench() {
     std::printf("%-6s %7s %5s %8s", "model", "context", "parts", "floor");
     for (int n : ns) std::printf("    n=%-3d", n);
     std::printf(" %8s\n", "n=8/n=1");
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    uint32_t * sink;
-    check_cuda(cudaMalloc(&sink, 4), "cudaMalloc");
     for (const model & md : models) {
         for (int context : contexts) {
             const int n_kv = context + 256;
@@ -420,33 +389,14 @@ int bench() {
             a.rows = 16;
             check_cuda(cudaMalloc(&dd, (size_t) 16 * md.heads * md.head_dim * sizeof(float)), "cudaMalloc");
             check_cuda(cudaMalloc(&dp, specdec_fattn_rows_partials(a) * sizeof(float)), "cudaMalloc");
-            a.q = (const char *) dq;
-            a.k = (const char *) dk;
-            a.v = (const char *) dv;
-            a.mask = (const char *) dm;
-            a.dst = dd;
-            a.partials = dp;
+            point_at(a, dq, dk, dv, dm, dd, dp);
             a.q_nb1 = (int64_t) md.heads * md.head_dim * sizeof(float);
             a.q_nb2 = (int64_t) md.head_dim * sizeof(float);
             a.k_nb1 = a.v_nb1 = (int64_t) md.kv_heads * md.head_dim * sizeof(uint16_t);
             a.k_nb2 = a.v_nb2 = (int64_t) md.head_dim * sizeof(uint16_t);
             a.mask_nb1 = (int64_t) n_kv * sizeof(uint16_t);
-            const auto time_us = [&](auto && launch) {
-                for (int i = 0; i < 20; ++i) launch();
-                const int reps = 200;
-                cudaEventRecord(start);
-                for (int i = 0; i < reps; ++i) launch();
-                cudaEventRecord(stop);
-                cudaEventSynchronize(stop);
-                float ms;
-                cudaEventElapsedTime(&ms, start, stop);
-                return 1000.0 * ms / reps;
-            };
-            const size_t bytes = 2 * kv_elems * sizeof(uint16_t);
-            const double floor = time_us([&] {
-                read_all<<<4 * prop.multiProcessorCount, 512>>>((const uint4 *) dk, bytes / 2 / 16, sink);
-                read_all<<<4 * prop.multiProcessorCount, 512>>>((const uint4 *) dv, bytes / 2 / 16, sink);
-            });
+            const size_t bytes = kv_elems * sizeof(uint16_t);
+            const double floor = read_once_us(dk, bytes) + read_once_us(dv, bytes);
             std::printf("%-6s %7d %5d %8.1f", md.name, context, a.n_parts, floor);
             double t1 = 0.0, t8 = 0.0;
             for (int n : ns) {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #ifdef __CUDACC__
-#include <cuda_runtime.h>
+#include "test_common_cuda.h"
 #else
 #include "cuda_emulation.h"
 #endif
@@ -277,21 +277,6 @@ template <class W> void in_double(const problem<W> & p, int row, int col, double
     }
 }
 
-#ifdef __CUDACC__
-void check_cuda(cudaError_t e, const char * what) {
-    if (e != cudaSuccess) {
-        std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-        std::exit(2);
-    }
-}
-template <class T> T * to_device(const std::vector<T> & v) {
-    T * d = nullptr;
-    check_cuda(cudaMalloc(&d, v.size() * sizeof(T)), "cudaMalloc");
-    check_cuda(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
-    return d;
-}
-#endif
-
 // The kernel's results for the columns `order` (a column index per place in the batch).
 template <class W> std::vector<float> run(const problem<W> & p, const std::vector<int> & order, int warps) {
     const int n = (int) order.size();
@@ -377,17 +362,6 @@ template <class W> int check(int warps) {
 }
 
 #ifdef __CUDACC__
-__global__ void read_all(const uint4 * __restrict__ v, size_t n, uint32_t * sink) {
-    uint32_t acc = 0;
-    for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n; i += (size_t) gridDim.x * blockDim.x) {
-        const uint4 q = v[i];
-        acc ^= q.x ^ q.y ^ q.z ^ q.w;
-    }
-    if (acc == 0x12345678) {
-        *sink = acc;
-    }
-}
-
 // Microseconds per product, by columns, against reading the same weights once (the floor),
 // for each warp count built (the kernel's own first). Random bytes: the kernel's cost does not
 // depend on the values.
@@ -406,11 +380,6 @@ int bench() {
     std::printf("%-20s %5s %8s", "matrix", "warps", "floor");
     for (int n : ns) std::printf("     n=%-3d", n);
     std::printf(" %9s %9s\n", "n=8/n=1", "n=1 GB/s");
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    uint32_t * sink;
-    check_cuda(cudaMalloc(&sink, 4), "cudaMalloc");
     for (const shape & s : shapes) {
         const int nblocks_k = s.cols / 256;
         const size_t bytes_per_256 = s.type == SPECDEC_MMV_Q4_K ? sizeof(specdec_block_q4_K)
@@ -429,18 +398,7 @@ int bench() {
         check_cuda(cudaMalloc(&y, y_bytes), "cudaMalloc");
         check_cuda(cudaMemcpy(y, random_bytes.data(), y_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
         check_cuda(cudaMalloc(&dst, (size_t) 16 * s.rows * sizeof(float)), "cudaMalloc");
-        const auto time_us = [&](auto && launch) {
-            for (int i = 0; i < 20; ++i) launch();
-            const int reps = 200;
-            cudaEventRecord(start);
-            for (int i = 0; i < reps; ++i) launch();
-            cudaEventRecord(stop);
-            cudaEventSynchronize(stop);
-            float ms;
-            cudaEventElapsedTime(&ms, start, stop);
-            return 1000.0 * ms / reps;
-        };
-        const double floor = time_us([&] { read_all<<<4 * prop.multiProcessorCount, 512>>>((const uint4 *) x, x_bytes / 16, sink); });
+        const double floor = read_once_us(x, x_bytes);
         for (int warps : {SPECDEC_MMV_WARPS, 4, 16}) {
             std::printf("%-20s %5d %8.1f", s.name, warps, floor);
             double t1 = 0.0, t8 = 0.0;
