@@ -25,7 +25,7 @@ cp "$root"/native/rowwise/rowwise.h "$root"/native/rowwise/rowwise_x86.c "$root"
     "$source_dir/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/"
 mkdir -p "$source_dir/vendor/llama.cpp/ggml/src/ggml-cuda/specdec"
 cp "$root"/native/cuda/mmv_tc.cu "$root"/native/cuda/mmv_tc.cuh "$root"/native/cuda/fattn_rows.cu \
-    "$root"/native/cuda/fattn_rows.cuh "$root"/native/cuda/kernel_launch.cuh \
+    "$root"/native/cuda/fattn_rows.cuh "$root"/native/cuda/kernel_common.cuh \
     "$source_dir/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/"
 for patch_file in "$root"/patches/llama.cpp/*.patch; do
     echo "applying $(basename "$patch_file")"

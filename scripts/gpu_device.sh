@@ -42,7 +42,7 @@ S=$W/b/llama_cpp_python-$(cat "$G/version")
 # the kit packs native/rowwise's first three files; patches 0004 and 0006 compile native/cuda's
 # kernels into ggml-cuda, and patch 0002 native/rowwise's attention into ggml-cpu
 mkdir -p $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec
-cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh native/cuda/fattn_rows.cu native/cuda/fattn_rows.cuh native/cuda/kernel_launch.cuh $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/
+cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh native/cuda/fattn_rows.cu native/cuda/fattn_rows.cuh native/cuda/kernel_common.cuh $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/
 cp native/rowwise/attention.c native/rowwise/attention.h native/rowwise/rowwise_ggml.c $S/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/
 SHAPES="qwen2.5-7b qwen2.5-1.5b qwen2.5-0.5b"
 (PYTHONPATH=$S/vendor/llama.cpp/gguf-py python3 "$G/make_shape_gguf.py" \

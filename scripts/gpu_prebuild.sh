@@ -49,7 +49,7 @@ fi
 tar -xzf "$dir/src.tar.gz" -C "$work"
 fresh=$(echo "$work"/llama_cpp_python-*)
 mkdir -p "$fresh/vendor/llama.cpp/ggml/src/ggml-cuda/specdec"
-cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh native/cuda/fattn_rows.cu native/cuda/fattn_rows.cuh native/cuda/kernel_launch.cuh \
+cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh native/cuda/fattn_rows.cu native/cuda/fattn_rows.cuh native/cuda/kernel_common.cuh \
     "$fresh/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/"
 # the kit packs native/rowwise's first three files; patch 0002 compiles its attention kernel too
 cp native/rowwise/attention.c native/rowwise/attention.h native/rowwise/rowwise_ggml.c \

@@ -2,17 +2,10 @@
 // of summing. Compiled by nvcc into ggml's CUDA backend (patch 0006), and by a C++ compiler with
 // cuda_emulation.h for the CPU test of its indexing (test_fattn_rows.cu).
 #include "fattn_rows.cuh"
-#include "kernel_launch.cuh"
+#include "kernel_common.cuh"
 
 #include <float.h>
 #include <math.h>
-
-#ifdef __CUDACC__
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#else
-#include "cuda_emulation.h"
-#endif
 
 // Why these sizes:
 // - 32 keys per tile: lane l scores key l, so a tile's scores need no reduction across lanes,
@@ -30,14 +23,6 @@ constexpr int warp_size = 32;
 constexpr int tile = SPECDEC_FATTN_TILE;
 constexpr int nwarps = SPECDEC_FATTN_WARPS;
 constexpr float no_max = -FLT_MAX / 2.0f;  // a pair's maximum before its first visible key
-
-__device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
-#ifdef __CUDACC__
-    return __half2float(__ushort_as_half((unsigned short) (bits & 0xFFFF)));
-#else
-    return specdec_half_to_float((uint16_t) (bits & 0xFFFF));
-#endif
-}
 
 // exp(x - max) for x <= max, exactly 1 where x == max
 __device__ __forceinline__ float exp_below(float x, float max) {
@@ -98,13 +83,13 @@ __global__ void __launch_bounds__(nwarps * warp_size) fattn_rows_part(const spec
 
         float score = -INFINITY;  // a masked key, whatever its cell holds
         if (k0 + lane < a.n_kv) {
-            const float bias = half_bits_to_float(mask[k0 + lane]);
+            const float bias = specdec_half_bits_to_float(mask[k0 + lane]);
             if (bias != -INFINITY) {
                 float dot = 0.0f;
                 for (int w = 0; w < words; ++w) {
                     const uint32_t pair_of_k = k_s[lane][w];
-                    dot = __fmaf_rn(q_s[warp][2 * w], half_bits_to_float(pair_of_k), dot);
-                    dot = __fmaf_rn(q_s[warp][2 * w + 1], half_bits_to_float(pair_of_k >> 16), dot);
+                    dot = __fmaf_rn(q_s[warp][2 * w], specdec_half_bits_to_float(pair_of_k), dot);
+                    dot = __fmaf_rn(q_s[warp][2 * w + 1], specdec_half_bits_to_float(pair_of_k >> 16), dot);
                 }
                 score = __fadd_rn(dot, bias);
             }
@@ -137,8 +122,8 @@ __global__ void __launch_bounds__(nwarps * warp_size) fattn_rows_part(const spec
             }
             for (int i = 0; i < words_per_lane; ++i) {
                 const uint32_t pair_of_v = v_s[j][lane + warp_size * i];
-                o[2 * i]     = __fmaf_rn(p, half_bits_to_float(pair_of_v), o[2 * i]);
-                o[2 * i + 1] = __fmaf_rn(p, half_bits_to_float(pair_of_v >> 16), o[2 * i + 1]);
+                o[2 * i]     = __fmaf_rn(p, specdec_half_bits_to_float(pair_of_v), o[2 * i]);
+                o[2 * i + 1] = __fmaf_rn(p, specdec_half_bits_to_float(pair_of_v >> 16), o[2 * i + 1]);
             }
         }
         m = m_new;

@@ -2,14 +2,7 @@
 // order of summing. Compiled by nvcc into ggml's CUDA backend (patch 0004), and by a C++
 // compiler with cuda_emulation.h for the CPU test of its indexing (test_mmv_tc.cu).
 #include "mmv_tc.cuh"
-#include "kernel_launch.cuh"
-
-#ifdef __CUDACC__
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#else
-#include "cuda_emulation.h"
-#endif
+#include "kernel_common.cuh"
 
 // Why these sizes:
 // - 16 rows per CUDA block is the tensor core's m16 tile; a warp unpacks those rows once for
@@ -27,14 +20,6 @@ static_assert(SPECDEC_MMV_WARPS == 4 || SPECDEC_MMV_WARPS == 8 || SPECDEC_MMV_WA
 namespace {
 
 constexpr int warp_size = 32;
-
-__device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
-#ifdef __CUDACC__
-    return __half2float(__ushort_as_half((unsigned short) (bits & 0xFFFF)));
-#else
-    return specdec_half_to_float((uint16_t) (bits & 0xFFFF));
-#endif
-}
 
 // c += rows g and g+8 of A times column g of B, as mma.m16n8k16 distributes them over a warp:
 // a_g and a_g8 hold 4 int8 of rows g and g+8, b 4 int8 of column g, at the same 4 k slots
@@ -109,8 +94,8 @@ struct q4_K {
         r.min[0]   = head.z & 0x3F3F3F3F;
         r.scale[1] = (head.w & 0x0F0F0F0F) | (((head.y >> 6) & 0x03030303) << 4);
         r.min[1]   = ((head.w >> 4) & 0x0F0F0F0F) | (((head.z >> 6) & 0x03030303) << 4);
-        r.d        = half_bits_to_float(head.x);
-        r.dmin     = half_bits_to_float(head.x >> 16);
+        r.d        = specdec_half_bits_to_float(head.x);
+        r.dmin     = specdec_half_bits_to_float(head.x >> 16);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             r.qs[j] = *(const uint2 *) (x->qs + 32 * j + 8 * t);
@@ -134,8 +119,8 @@ struct q4_K {
             mma_s8_16x8x16(c, nibbles(g, s, 0), nibbles(g8, s, 0), y.b_word(s, 8 * t));
             mma_s8_16x8x16(c, nibbles(g, s, 1), nibbles(g8, s, 1), y.b_word(s, 8 * t + 4));
             const uint32_t ds0 = y.c0_ds(s), ds1 = y.c1_ds(s);
-            const float d[2]   = {half_bits_to_float(ds0), half_bits_to_float(ds1)};
-            const float sum[2] = {half_bits_to_float(ds0 >> 16), half_bits_to_float(ds1 >> 16)};
+            const float d[2]   = {specdec_half_bits_to_float(ds0), specdec_half_bits_to_float(ds1)};
+            const float sum[2] = {specdec_half_bits_to_float(ds0 >> 16), specdec_half_bits_to_float(ds1 >> 16)};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const row & r = i < 2 ? g : g8;
@@ -182,7 +167,7 @@ struct q6_K {
         for (int i = 0; i < 4; ++i) {
             r.scale[i] = load_u32_aligned_2((const uint8_t *) x->scales + 4 * i);
         }
-        r.d = half_bits_to_float(x->d);
+        r.d = specdec_half_bits_to_float(x->d);
         return r;
     }
 
@@ -203,7 +188,7 @@ struct q6_K {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const int q8 = 4 * n + k;  // the Q8_1 block of weights 128n + 32k ..
-                const float d[2] = {half_bits_to_float(y.c0_ds(q8)), half_bits_to_float(y.c1_ds(q8))};
+                const float d[2] = {specdec_half_bits_to_float(y.c0_ds(q8)), specdec_half_bits_to_float(y.c1_ds(q8))};
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int u = 8 * n + 2 * k + h;
@@ -242,7 +227,7 @@ struct q8_0 {
         for (int j = 0; j < 8; ++j) {
             r.qs[j][0] = load_u32_aligned_2((const uint8_t *) x[j].qs + 8 * t);
             r.qs[j][1] = load_u32_aligned_2((const uint8_t *) x[j].qs + 8 * t + 4);
-            r.d[j]     = half_bits_to_float(x[j].d);
+            r.d[j]     = specdec_half_bits_to_float(x[j].d);
         }
         return r;
     }
@@ -254,7 +239,7 @@ struct q8_0 {
             int c[4] = {0, 0, 0, 0};
             mma_s8_16x8x16(c, (int) g.qs[j][0], (int) g8.qs[j][0], y.b_word(j, 8 * t));
             mma_s8_16x8x16(c, (int) g.qs[j][1], (int) g8.qs[j][1], y.b_word(j, 8 * t + 4));
-            const float d[2] = {half_bits_to_float(y.c0_ds(j)), half_bits_to_float(y.c1_ds(j))};
+            const float d[2] = {specdec_half_bits_to_float(y.c0_ds(j)), specdec_half_bits_to_float(y.c1_ds(j))};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const float d_w = i < 2 ? g.d[j] : g8.d[j];
