@@ -12,7 +12,9 @@
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
 # exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
 # (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build; where it
-# fails, the rest runs with TC=0. Ends with
+# fails, the rest runs with TC=0. ONLY_FATTN=1: the kernels' own tests, then patch 0006's
+# attention kernel in models against exact mode without it (no benches), for a second call
+# when the first ran out of time before the attention kernel's step. Ends with
 # scripts/gpu_verdict.py: each of issue 40's targets, met or not; `python3 scripts/gpu_verdict.py LOGDIR`
 # reads the logs of a call that ran out of time the same way.
 set -u
@@ -89,7 +91,12 @@ print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.
 PYTHONPATH=$PYTHONPATH:$S/vendor/llama.cpp/gguf-py python3 scripts/check_build.py || t "BUILD CHECK FAILED"
 t check
 : > $W/check.txt
-[ "${CHECK:-1}" = 0 ] || timeout 240 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
+FATTN_SHAPES="$W/m/qwen2.5-7b.gguf $W/m/qwen2.5-0.5b.gguf"  # head sizes 128 and 64
+if [ "${ONLY_FATTN:-0}" = 1 ]; then  # the attention kernel's baseline: exact mode, vector kernel
+  timeout 150 python3 scripts/gpu_check.py --exact -1 $FATTN_SHAPES > $W/check.txt 2>&1
+elif [ "${CHECK:-1}" != 0 ]; then
+  timeout 240 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
+fi
 grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
 bench() {  # target drafter modes tag
   timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
@@ -97,6 +104,7 @@ bench() {  # target drafter modes tag
       --max-tokens 64 --json "$LOG/bench-$4.json" > $W/bench-$4.txt 2>&1
   tail -14 $W/bench-$4.txt
 }
+if [ "${ONLY_FATTN:-0}" != 1 ]; then
 # combined: the default mode, whose planner must keep the target's pace with a drafter
 # (random weights) that is never right
 t bench 7b; bench qwen2.5-7b qwen2.5-0.5b oracle,model,combined 7b
@@ -109,13 +117,13 @@ t "graphs per shape"
 for m in qwen2.5-7b qwen2.5-0.5b; do
   timeout 60 python3 docs/measurements/experiments/alternating_shapes.py $W/m/$m.gguf 100
 done
-# Patch 0006's attention kernel in exact mode (SPECDEC_CUDA_FATTN_ROWS=1) on a 7B and a 0.5B
-# shape (head sizes 128 and 64), against check.json's exact mode on 0003's vector kernel: its
-# results join check.json under "<model>:exact+fattn_rows"
-if [ "$FATTN" = 1 ] && [ "${CHECK:-1}" != 0 ]; then
+fi
+# Patch 0006's attention kernel in exact mode (SPECDEC_CUDA_FATTN_ROWS=1) on the 7B and 0.5B
+# shapes, against check.json's exact mode on 0003's vector kernel: its results join check.json
+# under "<model>:exact+fattn_rows"
+if [ "$FATTN" = 1 ] && { [ "${CHECK:-1}" != 0 ] || [ "${ONLY_FATTN:-0}" = 1 ]; }; then
   t "attention kernel in models"
-  SPECDEC_CUDA_FATTN_ROWS=1 timeout 150 python3 scripts/gpu_check.py --exact -1 $W/m/qwen2.5-7b.gguf \
-      $W/m/qwen2.5-0.5b.gguf > $W/check-fattn.txt 2>&1
+  SPECDEC_CUDA_FATTN_ROWS=1 timeout 150 python3 scripts/gpu_check.py --exact -1 $FATTN_SHAPES > $W/check-fattn.txt 2>&1
   grep -v '^{' $W/check-fattn.txt
   python3 - "$LOG/check.json" $W/check-fattn.txt <<'EOF'
 import json, sys
