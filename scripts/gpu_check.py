@@ -192,9 +192,9 @@ def differing_rows(key: str, found: dict) -> list[str]:
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    modes = (True,) if args[:1] == ["--exact"] else (True, False)
-    args = args[1:] if args[:1] == ["--exact"] else args
+    exact_only = sys.argv[1:2] == ["--exact"]
+    modes = (True,) if exact_only else (True, False)
+    args = sys.argv[2:] if exact_only else sys.argv[1:]
     ngl, paths = int(args[0]), args[1:]
     print(system_info()[:200], flush=True)
     print(f"exact mode's Q4_K/Q6_K/Q8_0 products on CUDA: {cuda_products()}", flush=True)

@@ -31,13 +31,15 @@ def bench_row(matrix: str, warps: int, floor: float, us: list[float]) -> str:
     return f"{matrix:<20} {warps:5d} {floor:8.1f}{columns} {us[3] / us[0]:8.2f}x {1e4 / us[0]:9.0f}"
 
 
-def attention_log(verdict: str = "every pair the same bits in every batch") -> list[str]:
+ATTENTION_OK = "every pair the same bits in every batch"
+
+
+def attention_log(verdict: str) -> list[str]:
     """test_fattn_rows's lines as it prints them: a verdict per shape, then its bench rows
     ("%-6s %7d %5d %8.1f", " %8.1f" per row count, " %7.2fx")."""
     verdicts = [
         f"d=64, 14 heads, 2 KV heads, 3 parts: {verdict} (double precision: 2.15e-06)",
-        "d=128, 12 heads, 2 KV heads, 2 parts: every pair the same bits in every batch"
-        " (double precision: 2.61e-06)",
+        f"d=128, 12 heads, 2 KV heads, 2 parts: {ATTENTION_OK} (double precision: 2.61e-06)",
     ]
     bench = [
         "NVIDIA H200; us per layer's attention of n rows, and the floor: reading its keys and"
@@ -50,7 +52,11 @@ def attention_log(verdict: str = "every pair the same bits in every batch") -> l
 
 
 def run_log(
-    kernel: str = "ok", n8: float = 12.5, exported: int = 0, tc: int = 1, attention: str = ""
+    kernel: str = "ok",
+    n8: float = 12.5,
+    exported: int = 0,
+    tc: int = 1,
+    attention: str = ATTENTION_OK,
 ) -> str:
     tests = [
         f"{t}, {w} warps: {kernel if t == 'Q6_K' else 'ok'} (double product: 1e-08)"
@@ -68,8 +74,7 @@ def run_log(
         for name, count in (("ggml-cuda", exported), ("llama", 0))
     ]
     products = [f"exact products: SPECDEC_CUDA_MMV_TC={tc}"]
-    attention_lines = attention_log(attention) if attention else attention_log()
-    return "\n".join(tests + bench + products + attention_lines + exports) + "\n"
+    return "\n".join(tests + bench + products + attention_log(attention) + exports) + "\n"
 
 
 def model_found(

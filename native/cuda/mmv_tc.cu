@@ -335,7 +335,7 @@ void launch_columns(const void * x, const void * y, float * dst, int nrows, int 
         const specdec_block_q8_1 * y_c = (const specdec_block_q8_1 *) y + (int64_t) c0 * stride_col_y;
         float * dst_c = dst + (int64_t) c0 * stride_col_dst;
         specdec_launch(n <= SPECDEC_MMV_TILE_COLS ? mmv_tc<W, 1, nwarps> : mmv_tc<W, 2, nwarps>, grid, block, stream, x_w, y_c, dst_c, nrows,
-               nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
+                       nblocks_k, stride_row_x, n, stride_col_y, stride_col_dst);
     }
 }
 

@@ -274,10 +274,11 @@ struct batch {
     int n_kv;
 };
 
-std::vector<batch> batches(const shape & s) {
+std::vector<batch> batches(const problem & p) {
+    const shape & s = p.s;
     std::vector<batch> out;
     for (int r = 0; r < s.rows; ++r) {
-        out.push_back({"alone", {r}, std::min(s.context + r + 1 + (r % 3) * 11, s.context + s.rows + garbage_cells)});
+        out.push_back({"alone", {r}, std::min(s.context + r + 1 + (r % 3) * 11, p.cells)});
     }
     std::vector<int> all(s.rows), reversed(s.rows);
     for (int r = 0; r < s.rows; ++r) {
@@ -285,7 +286,7 @@ std::vector<batch> batches(const shape & s) {
         reversed[r] = s.rows - 1 - r;
     }
     out.push_back({"batch", all, s.context + s.rows});
-    out.push_back({"batch reversed, cache with garbage", reversed, s.context + s.rows + garbage_cells});
+    out.push_back({"batch reversed, cache with garbage", reversed, p.cells});
     if (s.rows > 2) {
         out.push_back({"middle rows", std::vector<int>(all.begin() + 1, all.end() - 1), s.context + s.rows - 1});
     }
@@ -300,7 +301,7 @@ int check(const shape & s, unsigned seed) {
     std::vector<const char *> first_from(first.size());
     int failures = 0;
     double worst = 0.0;
-    for (const batch & b : batches(s)) {
+    for (const batch & b : batches(p)) {
         const std::vector<float> got = run(p, b.rows, b.n_kv);
         const int n = (int) b.rows.size();
         for (int seq = 0; seq < s.seqs; ++seq) {
