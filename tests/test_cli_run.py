@@ -181,6 +181,25 @@ def test_missing_model_file(tiny_models, tmp_path):
     assert "does not exist" in result.stderr
 
 
+def test_a_library_folder_without_llama_cpp_is_one_line_naming_it(tiny_models, tmp_path):
+    """LLAMA_CPP_LIB_PATH (a native build of one's own) naming a folder with no libllama.so
+    is what is wrong, said in one line, not llama-cpp-python's traceback."""
+    args = ["run", "hi", "--raw", "--target", str(tiny_models.target), "--no-draft"]
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_cli", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert f"LLAMA_CPP_LIB_PATH='{tmp_path}'" in lines[0]
+    assert done.stdout == b""
+
+
 def test_no_prompt_is_bad_usage(tiny_models):
     result = invoke(["run", "--target", str(tiny_models.target), "--no-draft"])
     assert result.exit_code == 2

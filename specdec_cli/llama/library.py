@@ -18,13 +18,28 @@ from pathlib import Path
 from ..errors import BadUsageError, ModelFileError
 from .exactness import GPU_TYPES, VERIFY_PADDING, Exactness, registered_devices
 
-try:
-    import llama_cpp
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModelFileError(
+
+def _library_error(exc: Exception) -> ModelFileError:
+    """llama-cpp-python missing, or its shared library not loadable: from the install, or
+    from LLAMA_CPP_LIB_PATH (a native build of one's own) naming a folder without one."""
+    folder = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if folder is not None:
+        return ModelFileError(
+            f"llama.cpp's library does not load from LLAMA_CPP_LIB_PATH={folder!r} ({exc}).",
+            "Point LLAMA_CPP_LIB_PATH at a folder with libllama.so and its libggml*.so "
+            "(a build of the patched vendor/llama.cpp), or unset it to use the installed one.",
+        )
+    return ModelFileError(
         f"llama-cpp-python is not installed or failed to load ({exc}).",
         "Run `make install` (it builds llama-cpp-python with flags safe for this CPU).",
-    ) from exc
+    )
+
+
+try:
+    import llama_cpp
+# llama_cpp raises FileNotFoundError or RuntimeError where its library is missing or broken
+except (ImportError, OSError, RuntimeError) as exc:  # pragma: no cover - depends on the install
+    raise _library_error(exc) from exc
 
 # llama.cpp has one log callback for the whole process, so whether it prints is module state.
 _verbose = False
