@@ -8,7 +8,8 @@
 # copied in, as gpu_device.sh
 # builds them, for AVX2 CPUs without AVX-512 whatever this CPU has: the GPU machine's may lack it.
 # Fails where a library exports libstdc++'s code (the load crash of issue 40).
-# Usage, from the project root after pack.sh: scripts/gpu_prebuild.sh [DIR]   (default .gpu)
+# Usage, from the project root after pack.sh and `make install` (its .venv loads the libraries
+# once built; PYTHON names another): scripts/gpu_prebuild.sh [DIR]   (default .gpu)
 # Writes DIR/lib.tar.xz. The build stays in SPECDEC_GPU_BUILD (~/.cache/specdec/gpu-build): a
 # run after a change rebuilds what the change touched. The first build took 30 min on 2 Xeon cores.
 set -euo pipefail
@@ -83,6 +84,20 @@ for library in "$lib"/lib*.so; do
 done
 readelf -d "$lib/libggml-cuda.so" | grep -q 'NEEDED.*libcuda\.so\.1' \
     || { echo "error: libggml-cuda.so does not load CUDA's driver (libcuda.so.1)" >&2; exit 1; }
+# Loaded and a tiny model decoded in exact mode on this CPU through them (the driver stub finds
+# no GPU): a library that crashes at load, as in issue 40, fails here and not in device time.
+mkdir -p "$work/driver" && ln -sf "$driver" "$work/driver/libcuda.so.1"
+LD_LIBRARY_PATH="$lib:$cuda/lib64:$cublas/lib:$work/driver" LLAMA_CPP_LIB_PATH="$lib" \
+    "${PYTHON:-.venv/bin/python}" - <<'EOF'
+import sys, tempfile
+from pathlib import Path
+sys.path.insert(0, "scripts")
+import check_build
+with tempfile.TemporaryDirectory() as folder:
+    model = Path(folder) / "tiny.gguf"
+    check_build.check(check_build.write_tiny_llama(model, config=check_build.CONFIG, quant="q4_k_m"), gpu=False)
+print("the libraries load here and decode a tiny model on the CPU, batch-invariant")
+EOF
 # Their RUNPATH names this machine's cuBLAS and stub folders too (llama-cpp-python's CMake adds
 # link folders): absent on the GPU machine, and searched after LD_LIBRARY_PATH anyway.
 tar -C "$lib/.." -cf - lib | xz -T0 -6 >"$dir/lib.tar.xz"
