@@ -6,8 +6,10 @@ It reads run.log (specdec's CUDA kernels' own tests and benches, the libraries' 
 check.json (scripts/gpu_check.py; keys ending in ":exact+fattn_rows" are its exact mode with
 patch 0006's attention kernel) and bench-*.json (`specdec bench --json`), and prints one line
 per target: met, NOT MET, or missing (the run did not get that far). Exit status 0 only when
-every target is measured and met. Lines marked "info" carry numbers without a target: patch
-0006's attention kernel is one, opt-in until a GPU run has measured it.
+every target is measured and met; besides issue 40's, exact mode's logits must agree with
+llama.cpp's kernels' (an invariant but wrong kernel passes the rest). Lines marked "info"
+carry numbers without a target: patch 0006's attention kernel is one, opt-in until a GPU run
+has measured it.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ def model_checks(check: dict) -> Iterator[Line]:
         )
         yield Line(f"{model}: every exact row identical, n = 2..32", measured, not differing)
     for model, found in exact.items():
+        yield agreement(model, found, check.get(f"{model}:fast"))
+    for model, found in exact.items():
         if "7b" in model:
             steady = found["steady_ms"]
             ratio = steady["8"] / steady["1"]
@@ -200,6 +204,25 @@ def differing_sizes(found: dict) -> list[str]:
         for n, r in invariance.items()
         if r["rows_identical"] != int(n)
     ]
+
+
+AGREEMENT = "exact logits agree with llama.cpp's kernels"
+
+
+def agreement(model: str, exact: dict, fast: dict | None) -> Line:
+    """gpu_check.py's rows decoded alone, exact mode's against fast mode's: the least
+    correlation of a row's logits at each context, beside llama.cpp's own batch against its
+    single rows (n=8), the scale of what summation orders alone move with random weights."""
+    found = exact.get("agrees_with_fast")
+    if not found:
+        return Line(f"{model}: {AGREEMENT}", "not measured", None)
+    allowed = min(r["least_allowed"] for r in found.values())
+    measured = ", ".join(f"{where} {r['min_correlation']:.4f}" for where, r in found.items())
+    own = (fast or {}).get("invariance", {}).get("8", {}).get("min_correlation")
+    if own is not None:
+        measured += f" (llama.cpp's batch against its single rows: {own:.4f})"
+    met = all(r["min_correlation"] >= allowed for r in found.values())
+    return Line(f"{model}: {AGREEMENT} (least correlation >= {allowed})", measured, met)
 
 
 def verify_against_step(long: dict) -> str:
@@ -234,6 +257,10 @@ def attention_in_models(check: dict, exact: dict) -> Iterator[Line]:
             vector = exact.get(model, {}).get("long_context")
             if vector:
                 measured += " (vector kernel: " + verify_against_step(vector) + ")"
+        against = agreement(model, found, None)
+        if against.met is not None:
+            verdict = "" if against.met else ", PARTS FROM THEM"
+            measured += f"; against llama.cpp's kernels: {against.measured}{verdict}"
         yield Line(f"{model}: {FATTN_ROWS}", measured, None, info=True)
 
 

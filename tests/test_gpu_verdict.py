@@ -85,12 +85,15 @@ def model_found(
     padded: float = 1.02,
     long_identical: int = 8,
     long_verify: float = 7.6,
+    correlation: float = 0.9987,
 ) -> dict:
     """gpu_check.py's findings for one model and mode; `plain`: a run's one-row decodes
     against a steady step; `padded`: a padded run's decodes against their shapes' steady costs
-    (one row for a single token, 8 for the rest)."""
+    (one row for a single token, 8 for the rest); `correlation`: the least of exact mode's
+    rows against fast mode's at the long context."""
     invariance = {
-        str(n): {"max_diff": 0.0, "rows_identical": n, "same_argmax": n} for n in (2, 4, 8, 16, 32)
+        str(n): {"max_diff": 0.0, "rows_identical": n, "same_argmax": n, "min_correlation": 1.0}
+        for n in (2, 4, 8, 16, 32)
     }
     invariance["8"]["rows_identical"] = identical
     steady = {"1": step, "2": step * 1.05, "8": verify}
@@ -110,6 +113,11 @@ def model_found(
             | {"8": {"max_diff": 0.1, "rows_identical": long_identical, "same_argmax": 8}},
             "steady_ms": {"1": 4.0, "8": long_verify},
         },
+        "agrees_with_fast": {
+            where: {"min_correlation": r, "max_diff": 2.1, "logit_std": 4.4, "same_argmax": 7}
+            | {"rows": 8, "least_allowed": 0.9}
+            for where, r in (("short", 0.9991), ("long", correlation))
+        },
     }
 
 
@@ -118,6 +126,7 @@ def check_json(**exact) -> dict:
     for model in MODELS:
         found[f"{model}:exact"] = model_found(**exact)
         found[f"{model}:fast"] = model_found(step=3.75, verify=8.3)
+        found[f"{model}:fast"]["invariance"]["8"]["min_correlation"] = 0.9906
         found[f"{model}:fast"]["prompt_ms"] = {"1024": 100.0}
     found[f"{MODELS[0]}:exact+fattn_rows"] = model_found(long_verify=5.0)
     return found
@@ -189,6 +198,11 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert f"info     {attention}: {kernel_bench}" in out
     in_model = "rows identical; step 4.00 ms, verify(8) 5.00 ms (1.25x) (vector kernel: step"
     assert f"info     qwen2.5-7b.gguf: {attention}: {in_model} 4.00 ms, verify(8) 7.60" in out
+    agree = "exact logits agree with llama.cpp's kernels (least correlation >= 0.9)"
+    own = "(llama.cpp's batch against its single rows: 0.9906)"
+    assert f"met      qwen2.5-7b.gguf: {agree}: short 0.9991, long 0.9987 {own}" in out
+    kernels = "against llama.cpp's kernels: short 0.9991, long 0.9987\n"
+    assert f"{attention}: {in_model} 4.00 ms, verify(8) 7.60 ms (1.90x)); {kernels}" in out
 
 
 def test_patch_0006s_attention_kernel_is_information_not_a_target(
@@ -196,7 +210,7 @@ def test_patch_0006s_attention_kernel_is_information_not_a_target(
 ):
     """Opt-in until a GPU run measures it: its failures show, and fail nothing."""
     check = check_json()
-    check["qwen2.5-7b.gguf:exact+fattn_rows"] = model_found(identical=7)
+    check["qwen2.5-7b.gguf:exact+fattn_rows"] = model_found(identical=7, correlation=0.02)
     folder = write_run(tmp_path, log=run_log(attention="FAILED"), check=check)
     code, out = verdict(gpu_verdict, folder, monkeypatch, capsys)
     assert code == 0, out
@@ -204,6 +218,7 @@ def test_patch_0006s_attention_kernel_is_information_not_a_target(
     failed = "1/2 shapes ok, FAILED: d=64, 14 heads, 2 KV heads, 3 parts"
     assert f"info     {attention}: its own test: {failed}" in out
     assert f"info     qwen2.5-7b.gguf: {attention}: rows differ at n = 8;" in out
+    assert "against llama.cpp's kernels: short 0.9991, long 0.0200, PARTS FROM THEM" in out
 
 
 def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(
@@ -240,6 +255,11 @@ def test_a_run_whose_kernel_test_failed_says_its_checks_ran_without_the_kernel(
             {"check": check_json(long_identical=7)},
             "NOT MET  qwen2.5-7b.gguf: every exact row identical, n = 2..32: "
             "rows differ at n = 8 long",
+        ),
+        (
+            {"check": check_json(correlation=0.41)},
+            "NOT MET  qwen2.5-7b.gguf: exact logits agree with llama.cpp's kernels "
+            "(least correlation >= 0.9): short 0.9991, long 0.4100",
         ),
         (
             {"check": check_json(verify=5.3)},
@@ -317,3 +337,15 @@ def test_a_run_says_how_many_of_its_decodes_reused_their_graphs(
     code, out = verdict(gpu_verdict, write_run(tmp_path, check=check), monkeypatch, capsys)
     assert code == 0, out
     assert "run: worst 1.13x (n=1), graphs reused 180/184; padded_run: worst 1.02x (n=1):" in out
+
+
+def test_a_check_without_the_agreement_with_llama_cpps_kernels_is_not_passed(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    """An invariant but wrong kernel would pass every other check with random weights."""
+    check = check_json()
+    del check["qwen2.5-7b.gguf:exact"]["agrees_with_fast"]
+    code, out = verdict(gpu_verdict, write_run(tmp_path, check=check), monkeypatch, capsys)
+    assert code == 1
+    agree = "exact logits agree with llama.cpp's kernels: not measured"
+    assert f"missing  qwen2.5-7b.gguf: {agree}" in out
