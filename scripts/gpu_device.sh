@@ -17,6 +17,9 @@
 # when the first ran out of time before the attention kernel's step. Ends with
 # scripts/gpu_verdict.py: each of issue 40's targets, met or not; `python3 scripts/gpu_verdict.py LOGDIR`
 # reads the logs of a call that ran out of time the same way.
+# A rehearsal without a GPU (scripts/gpu_rehearsal.sh): MODELS names a folder of small models
+# under the shapes' names, written instead of the shapes; KERNEL_TESTS=0 leaves out the
+# kernels' own tests, which need a GPU, and keeps TC and the attention step.
 set -u
 LOG=${1:-$PWD/gpu-logs}; mkdir -p "$LOG"
 G=$PWD/.gpu; W=${TMPDIR:-/tmp}/specdec-gpu; T0=$(date +%s)
@@ -25,9 +28,11 @@ exec > >(tee -a "$LOG/run.log") 2>&1
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 nvcc --version | tail -1; nproc; grep -m1 'model name' /proc/cpuinfo
-t "tensor-core kernel's own test"
 TC=${TC:-1}
-if ! timeout 120 make -s -C native/cuda gpu-test-mmv-tc OUT=$W/cuda; then
+FATTN=1  # patch 0006's kernel, measured in models last (opt-in), where its own test passes
+if [ "${KERNEL_TESTS:-1}" = 0 ]; then  # a rehearsal: no GPU to run them on
+  t "the kernels' own tests left out"
+elif ! { t "tensor-core kernel's own test"; timeout 120 make -s -C native/cuda gpu-test-mmv-tc OUT=$W/cuda; }; then
   # A kernel that gives other bits than its documented order is not measured as exact mode's:
   # its bench alone still says what it costs, and the rest measures patch 0003's kernels.
   t "KERNEL TEST FAILED: its bench alone, then the checks and benches without it (TC=0)"
@@ -35,9 +40,10 @@ if ! timeout 120 make -s -C native/cuda gpu-test-mmv-tc OUT=$W/cuda; then
   TC=0
 fi
 echo "exact products: SPECDEC_CUDA_MMV_TC=$TC"
-t "attention kernel's own test"
-FATTN=1  # patch 0006's kernel, measured in models last (opt-in), where its own test passes
-timeout 90 make -s -C native/cuda gpu-test-fattn-rows OUT=$W/cuda || { t "ATTENTION KERNEL TEST FAILED"; FATTN=0; }
+if [ "${KERNEL_TESTS:-1}" != 0 ]; then
+  t "attention kernel's own test"
+  timeout 90 make -s -C native/cuda gpu-test-fattn-rows OUT=$W/cuda || { t "ATTENTION KERNEL TEST FAILED"; FATTN=0; }
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site "$G"/whl/*.whl
 mkdir -p $W/b $W/m $W/home && tar -xzf "$G/src.tar.gz" -C $W/b
 S=$W/b/llama_cpp_python-$(cat "$G/version")
@@ -47,14 +53,18 @@ mkdir -p $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec
 cp native/cuda/mmv_tc.cu native/cuda/mmv_tc.cuh native/cuda/fattn_rows.cu native/cuda/fattn_rows.cuh native/cuda/kernel_common.cuh $S/vendor/llama.cpp/ggml/src/ggml-cuda/specdec/
 cp native/rowwise/attention.c native/rowwise/attention.h native/rowwise/rowwise_ggml.c $S/vendor/llama.cpp/ggml/src/ggml-cpu/specdec/
 SHAPES="qwen2.5-7b qwen2.5-1.5b qwen2.5-0.5b"
-(PYTHONPATH=$S/vendor/llama.cpp/gguf-py python3 "$G/make_shape_gguf.py" \
-    $S/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $W/m $SHAPES > $W/models.log 2>&1) &
-models=$!
+if [ -n "${MODELS:-}" ]; then  # a rehearsal's models, made beforehand under the shapes' names
+  for m in $SHAPES; do ln -sf "$MODELS/$m.gguf" $W/m/; done; echo "models from $MODELS" > $W/models.log; models=
+else
+  (PYTHONPATH=$S/vendor/llama.cpp/gguf-py python3 "$G/make_shape_gguf.py" \
+      $S/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $W/m $SHAPES > $W/models.log 2>&1) &
+  models=$!
+fi
 CUBLAS=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
 CUDA_LIBS=$(dirname "${CUBLAS:-/x/x}"):/usr/local/cuda/lib64
 prebuilt_loads() {  # scripts/gpu_prebuild.sh's libraries, where this machine can load them
   [ -f "$G/lib.tar.xz" ] && mkdir -p $W/plat/llama_cpp && tar -xJf "$G/lib.tar.xz" -C $W/plat/llama_cpp &&
-    LD_LIBRARY_PATH=$W/plat/llama_cpp/lib:$CUDA_LIBS python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' \
+    LD_LIBRARY_PATH=$W/plat/llama_cpp/lib:$CUDA_LIBS:${LD_LIBRARY_PATH:-} python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' \
       $W/plat/llama_cpp/lib/libllama.so
 }
 if prebuilt_loads; then
@@ -81,7 +91,7 @@ done
 # without this: a measurement aid for such a build, never the fix (build_flags.py has that).
 [ -n "${PRELOAD_LIBSTDCXX:-}" ] && export LD_PRELOAD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
 export PYTHONPATH=$S:$W/site:$PWD HOME=$W/home LLAMA_CPP_LIB_PATH=$L SPECDEC_CUDA_MMV_TC=$TC
-wait $models; tail -3 $W/models.log
+[ -z "$models" ] || wait $models; tail -3 $W/models.log
 python3 -c "
 from specdec_cli.llama import library as b
 from specdec_cli.llama.backend import LlamaBackend
