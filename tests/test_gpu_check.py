@@ -1,0 +1,77 @@
+"""scripts/gpu_check.py on this CPU (no layers offloaded) with a tiny model: exact mode's rows
+identical in every batch, and its logits agreeing with llama.cpp's kernels', read as the GPU
+run reads them; and a kernel that is invariant but wrong failing the run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_gguf import TinyConfig, write_tiny_llama
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+# K-quant rows of 256, as check_build.py's model: the products real models take
+CONFIG = TinyConfig(n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gpu_check") / "tiny.gguf"
+    return write_tiny_llama(path, config=CONFIG, quant="q4_k_m")
+
+
+def run(gpu_check, monkeypatch, capsys, *args: str) -> tuple[int, dict, str]:
+    # its timings once each: what these tests read is the logits
+    for name, value in (("REPEATS", 1), ("WARMUP", 0), ("PROMPT_REPEATS", 1)):
+        monkeypatch.setattr(gpu_check, name, value)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", *args])
+    code = gpu_check.main()
+    out = capsys.readouterr().out
+    found = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    return code, found, out
+
+
+@pytest.mark.parametrize("exact_only", [False, True])
+def test_exact_rows_are_identical_and_agree_with_llama_cpps_kernels(
+    gpu_check, model, monkeypatch, capsys, exact_only
+):
+    args = ["--exact"] * exact_only + ["0", str(model)]
+    code, found, out = run(gpu_check, monkeypatch, capsys, *args)
+    assert code == 0, out
+    assert ("tiny.gguf:fast" in found) is not exact_only
+    agrees = found["tiny.gguf:exact"]["agrees_with_fast"]
+    assert set(agrees) == {"short", "long"}
+    for where in agrees.values():
+        assert where["min_correlation"] >= gpu_check.AGREEMENT_MIN
+        assert where["rows"] == gpu_check.AGREEMENT_ROWS
+    assert "exact rows differ: none" in out
+    assert "exact logits part from llama.cpp's: none" in out
+
+
+def test_an_invariant_but_wrong_kernel_fails_the_run(gpu_check, model, monkeypatch, capsys):
+    """Every exact row shifted one column: the same bits in every batch, other logits."""
+    check = gpu_check.check
+
+    def shifted(path: str, ngl: int, exact: bool):
+        found, rows = check(path, ngl, exact)
+        return found, {k: np.roll(v, 1, axis=1) for k, v in rows.items()} if exact else rows
+
+    monkeypatch.setattr(gpu_check, "check", shifted)
+    code, found, out = run(gpu_check, monkeypatch, capsys, "0", str(model))
+    assert code == 1
+    assert "exact rows differ: none" in out
+    assert "exact logits part from llama.cpp's: tiny.gguf:exact short context" in out
+    assert found["tiny.gguf:exact"]["agrees_with_fast"]["long"]["min_correlation"] < 0.5
