@@ -1,8 +1,11 @@
 """Exact mode on a GPU: batch invariance and decode costs of GGUF models, all layers offloaded.
 
-Usage: python scripts/gpu_check.py [--exact] NGL MODEL.gguf [MODEL.gguf ...]  (project importable)
+Usage: python scripts/gpu_check.py [--exact] [--quick] NGL MODEL.gguf [MODEL.gguf ...]
+(project importable)
 --exact: exact mode alone (as when SPECDEC_CUDA_FATTN_ROWS=1 puts its attention on patch 0006's
 kernel, which fast mode never takes).
+--quick: every timing once, no warm-up: the checks alone, in seconds (whether a kernel's hook
+works in a model before the runs that time it).
 
 Per model and mode (exact, then fast): decode a 128-token context, then n tokens one at a time
 and the same n tokens in one batch (n = 2..32); print the largest logit difference, how many
@@ -265,9 +268,12 @@ def differing_rows(key: str, found: dict) -> list[str]:
 
 
 def main() -> int:
-    exact_only = sys.argv[1:2] == ["--exact"]
-    modes = (True,) if exact_only else (True, False)
-    args = sys.argv[2:] if exact_only else sys.argv[1:]
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    modes = (True,) if "--exact" in flags else (True, False)
+    if "--quick" in flags:
+        global REPEATS, WARMUP, PROMPT_REPEATS
+        REPEATS, WARMUP, PROMPT_REPEATS = 1, 0, 1
     ngl, paths = int(args[0]), args[1:]
     print(system_info()[:200], flush=True)
     print(f"exact mode's Q4_K/Q6_K/Q8_0 products on CUDA: {cuda_products()}", flush=True)

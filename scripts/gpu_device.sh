@@ -99,6 +99,18 @@ m = LlamaBackend('$W/m/qwen2.5-0.5b.gguf', n_ctx=256, n_gpu_layers=-1, exact=Tru
 print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.signature(), 'vocab', m.n_vocab)
 " || { t "LOAD FAILED"; exit 1; }
 PYTHONPATH=$PYTHONPATH:$S/vendor/llama.cpp/gguf-py python3 scripts/check_build.py || t "BUILD CHECK FAILED"
+if [ "$TC" = 1 ]; then
+  # Its own test ran the kernel, not patch 0004's hook, which only a model runs (the 1.5B
+  # shape: Q4_K, Q6_K and Q8_0). Rows identical and logits agreeing with llama.cpp's kernels,
+  # or the checks and benches measure patch 0003's kernels rather than crash or mislead.
+  t "tensor-core kernel in a model"
+  if ! timeout 90 python3 scripts/gpu_check.py --exact --quick -1 $W/m/qwen2.5-1.5b.gguf > $W/quick.txt 2>&1; then
+    grep -v '^{' $W/quick.txt | tail -8
+    t "TENSOR-CORE KERNEL FAILED IN A MODEL: the checks and benches without it (TC=0)"
+    TC=0; export SPECDEC_CUDA_MMV_TC=0
+    echo "exact products: SPECDEC_CUDA_MMV_TC=$TC"
+  fi
+fi
 t check
 : > $W/check.txt
 FATTN_SHAPES="$W/m/qwen2.5-7b.gguf $W/m/qwen2.5-0.5b.gguf"  # head sizes 128 and 64

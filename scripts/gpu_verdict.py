@@ -141,12 +141,17 @@ def attention_kernel(log: str) -> Iterator[Line]:
 
 def exact_products(log: str) -> Iterator[Line]:
     """Which kernels the checks and benches gave exact mode's Q4_K, Q6_K and Q8_0 products
-    (gpu_device.sh leaves the tensor-core kernel out where its own test failed)."""
-    found = re.search(r"^exact products: SPECDEC_CUDA_MMV_TC=(\d)", log, re.MULTILINE)
+    (gpu_device.sh leaves the tensor-core kernel out where its own test failed, or where it
+    failed in a model); and whether it worked in a model (patch 0004's hook)."""
+    found = re.findall(r"^exact products: SPECDEC_CUDA_MMV_TC=(\d)", log, re.MULTILINE)
     measured = "not recorded"
-    if found:
-        measured = "specdec's tensor-core kernel" if found.group(1) == "1" else "patch 0003's MMVQ"
+    if found:  # the last: where the kernel failed in a model, the rest ran without it
+        measured = "specdec's tensor-core kernel" if found[-1] == "1" else "patch 0003's MMVQ"
     yield Line("exact mode's quantised products in the checks and benches", measured, None, True)
+    if re.search(r"^\[\d+s\] tensor-core kernel in a model$", log, re.MULTILINE):
+        failed = "TENSOR-CORE KERNEL FAILED IN A MODEL" in log
+        measured = "failed: the rest ran without it" if failed else "rows identical, logits agree"
+        yield Line("tensor-core kernel in a model (patch 0004's hook)", measured, not failed)
 
 
 def library_exports(log: str) -> Iterator[Line]:

@@ -34,10 +34,10 @@ def model(tmp_path_factory) -> Path:
 
 
 def run(gpu_check, monkeypatch, capsys, *args: str) -> tuple[int, dict, str]:
-    # its timings once each: what these tests read is the logits
-    for name, value in (("REPEATS", 1), ("WARMUP", 0), ("PROMPT_REPEATS", 1)):
-        monkeypatch.setattr(gpu_check, name, value)
-    monkeypatch.setattr(sys, "argv", ["gpu_check.py", *args])
+    """gpu_check --quick (its timings once each: these tests read the logits) with `args`."""
+    for name in ("REPEATS", "WARMUP", "PROMPT_REPEATS"):  # --quick sets them for the process
+        monkeypatch.setattr(gpu_check, name, getattr(gpu_check, name))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick", *args])
     code = gpu_check.main()
     out = capsys.readouterr().out
     found = json.loads(next(line for line in out.splitlines() if line.startswith("{")))

@@ -57,6 +57,7 @@ def run_log(
     exported: int = 0,
     tc: int = 1,
     attention: str = ATTENTION_OK,
+    in_model: str = "ok",
 ) -> str:
     tests = [
         f"{t}, {w} warps: {kernel if t == 'Q6_K' else 'ok'} (double product: 1e-08)"
@@ -74,6 +75,11 @@ def run_log(
         for name, count in (("ggml-cuda", exported), ("llama", 0))
     ]
     products = [f"exact products: SPECDEC_CUDA_MMV_TC={tc}"]
+    if tc:
+        products.append("[95s] tensor-core kernel in a model")
+    if in_model == "FAILED":
+        failed = "[97s] TENSOR-CORE KERNEL FAILED IN A MODEL: the checks and benches without it"
+        products += [failed, "exact products: SPECDEC_CUDA_MMV_TC=0"]
     return "\n".join(tests + bench + products + attention_log(attention) + exports) + "\n"
 
 
@@ -188,6 +194,8 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert "info     n=1 against reading the weights once, 4 warps: 7B ffn_up Q4_K: 1.39" in out
     products = "info     exact mode's quantised products in the checks and benches"
     assert f"{products}: specdec's tensor-core kernel" in out
+    hook = "tensor-core kernel in a model (patch 0004's hook): rows identical, logits agree"
+    assert f"met      {hook}" in out
     assert "info     bench 7b: model k=8: 0.95x, identical 6/6" in out
     assert "info     bench 7b-padded: target alone, exact: 0.99x, identical 5/6" in out
     long = "exact step 4.00 ms, verify(8) 7.60 ms (1.90x); fast step 4.00 ms, verify(8) 7.60 ms"
@@ -203,6 +211,17 @@ def test_a_run_that_met_every_target_passes(gpu_verdict, tmp_path, monkeypatch, 
     assert f"met      qwen2.5-7b.gguf: {agree}: short 0.9991, long 0.9987 {own}" in out
     kernels = "against llama.cpp's kernels: short 0.9991, long 0.9987\n"
     assert f"{attention}: {in_model} 4.00 ms, verify(8) 7.60 ms (1.90x)); {kernels}" in out
+
+
+def test_a_kernel_that_fails_in_a_model_fails_and_the_rest_ran_without_it(
+    gpu_verdict, tmp_path, monkeypatch, capsys
+):
+    folder = write_run(tmp_path, log=run_log(in_model="FAILED"))
+    code, out = verdict(gpu_verdict, folder, monkeypatch, capsys)
+    assert code == 1
+    hook = "tensor-core kernel in a model (patch 0004's hook): failed: the rest ran without it"
+    assert f"NOT MET  {hook}" in out
+    assert "quantised products in the checks and benches: patch 0003's MMVQ" in out
 
 
 def test_patch_0006s_attention_kernel_is_information_not_a_target(
