@@ -99,6 +99,13 @@ m = LlamaBackend('$W/m/qwen2.5-0.5b.gguf', n_ctx=256, n_gpu_layers=-1, exact=Tru
 print('loads on', b._exactness.gpu_backends, 'invariant kernels:', b._exactness.signature(), 'vocab', m.n_vocab)
 " || { t "LOAD FAILED"; exit 1; }
 PYTHONPATH=$PYTHONPATH:$S/vendor/llama.cpp/gguf-py python3 scripts/check_build.py || t "BUILD CHECK FAILED"
+where_rows_differ() {  # gpu_check.py's output: which operation first made its first differing row
+  local first; first=$(sed -n 's/^exact rows differ: \([^,]*\).*/\1/p' "$1")
+  [ -n "$first" ] && [ "$first" != none ] || return 0
+  t "where exact rows first differ: $first"
+  local long=; case "$first" in *" long "*) long=--long;; esac
+  timeout 90 python3 scripts/batch_op_diff.py $long -1 "$W/m/${first%%:*}" "${first##*n=}"
+}
 if [ "$TC" = 1 ]; then
   # Its own test ran the kernel, not patch 0004's hook, which only a model runs (the 1.5B
   # shape: Q4_K, Q6_K and Q8_0). Rows identical and logits agreeing with llama.cpp's kernels,
@@ -106,6 +113,7 @@ if [ "$TC" = 1 ]; then
   t "tensor-core kernel in a model"
   if ! timeout 90 python3 scripts/gpu_check.py --exact --quick -1 $W/m/qwen2.5-1.5b.gguf > $W/quick.txt 2>&1; then
     grep -v '^{' $W/quick.txt | tail -8
+    where_rows_differ $W/quick.txt
     t "TENSOR-CORE KERNEL FAILED IN A MODEL: the checks and benches without it (TC=0)"
     TC=0; export SPECDEC_CUDA_MMV_TC=0
     echo "exact products: SPECDEC_CUDA_MMV_TC=$TC"
@@ -120,6 +128,7 @@ elif [ "${CHECK:-1}" != 0 ]; then
   timeout 240 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
 fi
 grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
+where_rows_differ $W/check.txt
 bench() {  # target drafter modes tag
   timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
       --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats "${REPEATS:-3}" \
@@ -147,6 +156,7 @@ if [ "$FATTN" = 1 ] && { [ "${CHECK:-1}" != 0 ] || [ "${ONLY_FATTN:-0}" = 1 ]; }
   t "attention kernel in models"
   SPECDEC_CUDA_FATTN_ROWS=1 timeout 150 python3 scripts/gpu_check.py --exact -1 $FATTN_SHAPES > $W/check-fattn.txt 2>&1
   grep -v '^{' $W/check-fattn.txt
+  SPECDEC_CUDA_FATTN_ROWS=1 where_rows_differ $W/check-fattn.txt
   python3 - "$LOG/check.json" $W/check-fattn.txt <<'EOF'
 import json, sys
 from pathlib import Path

@@ -50,6 +50,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         devices: Sequence[int] | None = None,
         tensor_split: Sequence[float] = (),
         verify_padding: int | None = None,
+        eval_callback=None,
     ) -> None:
         """`exact`: decode small batches with batch-invariant kernels, so a token's logits do
         not depend on how many tokens share its decode (needs specdec's llama.cpp patch).
@@ -57,7 +58,8 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         machine's, or RPC workers'), all of them unless `n_gpu_layers` says how many, shared
         as `tensor_split` says; None: every device ggml registered. `verify_padding`: exact
         verifications padded to a multiple of this many rows (None: the backend's own,
-        library.verify_padding)."""
+        library.verify_padding). `eval_callback`: llama.cpp's scheduler callback, shown the
+        tensors of every decode (tensors.TensorRecorder's; diagnostics only)."""
         if exact:
             _refuse_inexact_placement(n_gpu_layers)
         self.exact = exact
@@ -84,6 +86,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         self._rounds: Rounds | None = None  # set on the views of a split context
         self._pool = 0  # which of the rounds' contexts a view's parts go to (Rounds.add_pool)
         self._turn: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self._eval_callback = eval_callback
         self._open_context(n_ctx)
 
     def resize_context(self, n_ctx: int) -> None:
@@ -117,6 +120,8 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
             params.kv_unified = unified
         params.n_threads = params.n_threads_batch = self._n_threads
         params.no_perf = True
+        if self._eval_callback is not None:
+            params.cb_eval = self._eval_callback
         if self.exact and library._exactness.inexact_gpu_backends():
             # llama.cpp would hand a large batch's products to that GPU, away from the CPU's
             # invariant kernels (the CUDA patch keeps invariant batches where their weights are)
