@@ -4,10 +4,8 @@ library, so GPUs that this machine lacks (CUDA, Metal) can be named."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from project_scripts import load_script
 
 from specdec_cli.errors import BadUsageError, ModelFileError
 from specdec_cli.llama import library
@@ -166,11 +164,7 @@ def test_a_build_missing_a_backends_switch_is_refused(tiny_models, monkeypatch):
 
 def test_the_build_check_fails_where_its_gpu_backend_finds_no_device(monkeypatch):
     """`make install` with CUDA on a machine whose GPU it cannot see ends in one line."""
-    path = Path(__file__).resolve().parent.parent / "scripts" / "check_build.py"
-    spec = importlib.util.spec_from_file_location("check_build", path)
-    assert spec is not None and spec.loader is not None
-    check_build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check_build)
+    check_build = load_script("check_build")
     build = FakeBuild([("CPU", CPU)], {CPU_SWITCH, CUDA_SWITCH}, idle=("CUDA",))
     monkeypatch.setattr(library, "_exactness", Exactness(build.lookup))
     with pytest.raises(SystemExit, match=r"built for CUDA but finds no CUDA device here") as failed:

@@ -4,35 +4,27 @@ batch named."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_gguf import TinyConfig, write_tiny_llama
+from project_scripts import load_script
+from tiny_gguf import TinyConfig
 
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.llama.tensors import Recorded, TensorRecorder
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "batch_op_diff.py"
-CONFIG = TinyConfig(n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
-
 
 @pytest.fixture(scope="module")
 def op_diff():
-    spec = importlib.util.spec_from_file_location("batch_op_diff", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["batch_op_diff"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("batch_op_diff")
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("op_diff") / "tiny.gguf"
-    return write_tiny_llama(path, config=CONFIG, quant="q4_k_m")
+def model(tiny_models) -> Path:
+    """Q4_K and Q6_K products: the kernels real models take."""
+    return tiny_models.kquant_target
 
 
 def recorded(name: str, values: list[float], op: str = "MUL_MAT") -> Recorded:
@@ -68,7 +60,7 @@ def test_the_recorder_reads_each_layers_output_as_computed(model):
     finally:
         backend.close()
     names = [r.name for r in runs[0]]
-    assert names == [f"l_out-{i}" for i in range(CONFIG.n_layer)] + ["result_output"]
+    assert names == [f"l_out-{i}" for i in range(TinyConfig().n_layer)] + ["result_output"]
     np.testing.assert_array_equal(runs[1][-1].first_column, logits[0])
     assert not np.array_equal(runs[0][0].first_column, runs[1][0].first_column)
 

@@ -4,33 +4,24 @@ run reads them; and a kernel that is invariant but wrong failing the run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_gguf import TinyConfig, write_tiny_llama
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
-# K-quant rows of 256, as check_build.py's model: the products real models take
-CONFIG = TinyConfig(n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+from project_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("gpu_check") / "tiny.gguf"
-    return write_tiny_llama(path, config=CONFIG, quant="q4_k_m")
+def model(tiny_models) -> Path:
+    """Q4_K and Q6_K products: the kernels real models take."""
+    return tiny_models.kquant_target
 
 
 def run(gpu_check, monkeypatch, capsys, *args: str) -> tuple[int, dict, str]:
@@ -51,8 +42,8 @@ def test_exact_rows_are_identical_and_agree_with_llama_cpps_kernels(
     args = ["--exact"] * exact_only + ["0", str(model)]
     code, found, out = run(gpu_check, monkeypatch, capsys, *args)
     assert code == 0, out
-    assert ("tiny.gguf:fast" in found) is not exact_only
-    agrees = found["tiny.gguf:exact"]["agrees_with_fast"]
+    assert (f"{model.name}:fast" in found) is not exact_only
+    agrees = found[f"{model.name}:exact"]["agrees_with_fast"]
     assert set(agrees) == {"short", "long"}
     for where in agrees.values():
         assert where["least_allowed"] <= gpu_check.AGREEMENT_MIN
@@ -77,8 +68,8 @@ def test_an_invariant_but_wrong_kernel_fails_the_run(gpu_check, model, monkeypat
     code, found, out = run(gpu_check, monkeypatch, capsys, "0", str(model))
     assert code == 1
     assert "exact rows differ: none" in out
-    assert "exact logits part from llama.cpp's: tiny.gguf:exact short context" in out
-    assert found["tiny.gguf:exact"]["agrees_with_fast"]["long"]["min_correlation"] < 0.5
+    assert f"exact logits part from llama.cpp's: {model.name}:exact short context" in out
+    assert found[f"{model.name}:exact"]["agrees_with_fast"]["long"]["min_correlation"] < 0.5
 
 
 def test_a_gpu_whose_own_kernels_change_more_with_the_batch_allows_as_much_more(gpu_check):

@@ -3,25 +3,19 @@ them passes, and each way of missing one (or of not getting that far) fails, nam
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from project_scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_verdict.py"
 MODELS = ("qwen2.5-7b.gguf", "qwen2.5-1.5b.gguf")
 
 
 @pytest.fixture(scope="module")
 def gpu_verdict():
-    spec = importlib.util.spec_from_file_location("gpu_verdict", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_verdict"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_verdict")
 
 
 def bench_row(matrix: str, warps: int, floor: float, us: list[float]) -> str:
