@@ -20,13 +20,11 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
+from gpu_check import CONTEXT, LONG_CONTEXT, N_CTX, text_tokens
 
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.llama.tensors import Recorded, TensorRecorder
 
-TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
-CONTEXT = 128
-LONG_CONTEXT = 3000  # gpu_check.py's
 SHOWN = 6  # differing operations printed
 OUTPUTS = ("result_norm", "result_output")
 LAYER = re.compile(r"-(\d+)$")
@@ -43,11 +41,11 @@ def first_token(
     alone, and as the first of n."""
     recorder = TensorRecorder(wanted)
     backend = LlamaBackend(
-        path, n_ctx=4096, n_gpu_layers=ngl, exact=exact, verify_padding=1,
+        path, n_ctx=N_CTX, n_gpu_layers=ngl, exact=exact, verify_padding=1,
         eval_callback=recorder.callback,
     )  # fmt: skip
     try:
-        tokens = backend.tokenize(TEXT * 15, add_special=True)
+        tokens = text_tokens(backend)
         context, tail = tokens[:length], tokens[length : length + n]
         backend.decode(context, 1, prompt=True)
         runs = []

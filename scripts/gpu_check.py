@@ -42,7 +42,8 @@ from specdec_cli.llama.exactness import padded_rows
 from specdec_cli.llama.library import cuda_attention, cuda_products, system_info
 
 TEXT = "def parse(line):\n    key, _, value = line.partition('=')\n    return key.strip()\n" * 12
-INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)
+CONTEXT = 128
+INVARIANCE_SIZES = (2, 3, 4, 5, 8, 9, 16, 17, 32)  # AGREEMENT_ROWS among them
 LONG_INVARIANCE_SIZES = (2, 8, 9, 16)
 COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 16, 32, 64)
 REPEATS = 20
@@ -65,17 +66,16 @@ AGREEMENT_SLACK = 3.0
 AGREEMENT_ROWS = 8
 
 
-def single_rows(backend: LlamaBackend, context: list[int], tail: list[int]) -> np.ndarray:
-    """The logits of each of `tail`'s tokens decoded alone after `context`."""
+def text_tokens(backend: LlamaBackend) -> list[int]:
+    """The checks' text in `backend`'s tokens: LONG_CONTEXT of them and more."""
+    return backend.tokenize(TEXT * 15, add_special=True)
+
+
+def alone_and_batched(backend: LlamaBackend, context: list[int], tail: list[int]) -> dict:
+    """The logits of `tail`'s tokens decoded after `context` one at a time ("alone") and in
+    one batch ("batch")."""
     backend.truncate(len(context))
-    return np.vstack([np.array(backend.decode([t], 1)) for t in tail])
-
-
-def agreement_rows(backend: LlamaBackend, context: list[int], tail: list[int]) -> dict:
-    """The first AGREEMENT_ROWS of `tail` decoded after `context` alone ("alone") and in one
-    batch ("batch")."""
-    tail = tail[:AGREEMENT_ROWS]
-    alone = single_rows(backend, context, tail)
+    alone = np.vstack([np.array(backend.decode([t], 1)) for t in tail])
     backend.truncate(len(context))
     return {"alone": alone, "batch": np.array(backend.decode(tail, len(tail)))}
 
@@ -86,12 +86,17 @@ def correlations(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
 
 
-def invariance(backend: LlamaBackend, context: list[int], tail: list[int], sizes) -> dict:
-    out = {}
+def invariance(
+    backend: LlamaBackend, context: list[int], tail: list[int], sizes
+) -> tuple[dict, dict]:
+    """Per n in `sizes`, how `tail`'s first n tokens decoded alone and in one batch compare;
+    and the logits of those of AGREEMENT_ROWS tokens (alone_and_batched), for `agreement`."""
+    out, kept = {}, {}
     for n in sizes:
-        single = single_rows(backend, context, tail[:n])
-        backend.truncate(len(context))
-        batch = np.array(backend.decode(tail[:n], n))
+        decoded = alone_and_batched(backend, context, tail[:n])
+        if n == AGREEMENT_ROWS:
+            kept = decoded
+        single, batch = decoded["alone"], decoded["batch"]
         diff = np.abs(single - batch).max(axis=1)
         out[n] = {
             "max_diff": float(diff.max()),
@@ -99,7 +104,7 @@ def invariance(backend: LlamaBackend, context: list[int], tail: list[int], sizes
             "same_argmax": int((single.argmax(1) == batch.argmax(1)).sum()),
             "min_correlation": float(correlations(single, batch).min()),
         }
-    return out
+    return out, kept
 
 
 def timed(backend: LlamaBackend, context: list[int], tail: list[int], pattern) -> dict:
@@ -142,10 +147,10 @@ def long_context(backend: LlamaBackend, tokens: list[int], rows: dict) -> dict:
     context, tail = tokens[:LONG_CONTEXT], tokens[LONG_CONTEXT : LONG_CONTEXT + 32]
     backend.truncate(0)
     backend.decode(context, 1, prompt=True)
-    rows["long"] = agreement_rows(backend, context, tail)
+    found, rows["long"] = invariance(backend, context, tail, LONG_INVARIANCE_SIZES)
     return {
         "context": LONG_CONTEXT,
-        "invariance": invariance(backend, context, tail, LONG_INVARIANCE_SIZES),
+        "invariance": found,
         "steady_ms": {n: timed(backend, context, tail, [n])[n] for n in (1, 8)},
     }
 
@@ -164,11 +169,11 @@ def check(path: str, ngl: int, exact: bool) -> tuple[dict, dict]:
     # Unpadded whatever this backend pads by default: each shape's own cost, then padding's.
     backend = LlamaBackend(path, n_ctx=N_CTX, n_gpu_layers=ngl, exact=exact, verify_padding=1)
     try:
-        tokens = backend.tokenize(TEXT * 15, add_special=True)
-        context, tail = tokens[:128], tokens[128 : 128 + 64]
+        tokens = text_tokens(backend)
+        context, tail = tokens[:CONTEXT], tokens[CONTEXT : CONTEXT + 64]
         backend.decode(context, 1, prompt=True)
-        rows = {"short": agreement_rows(backend, context, tail)}
-        found = {"invariance": invariance(backend, context, tail, INVARIANCE_SIZES)}
+        short, kept = invariance(backend, context, tail, INVARIANCE_SIZES)
+        found, rows = {"invariance": short}, {"short": kept}
         found["steady_ms"] = {n: timed(backend, context, tail, [n])[n] for n in COST_SIZES}
         timed_phase(found, "alternating", backend, context, tail, [1, 8])
         timed_phase(found, "run", backend, context, tail, RUN_PATTERN)
@@ -190,12 +195,13 @@ def fast_rows(path: str, ngl: int) -> dict:
     """check()'s single rows in fast mode, without the rest: --exact's reference."""
     backend = LlamaBackend(path, n_ctx=N_CTX, n_gpu_layers=ngl, exact=False)
     try:
-        tokens = backend.tokenize(TEXT * 15, add_special=True)
+        tokens = text_tokens(backend)
         rows = {}
-        for key, length in (("short", 128), ("long", LONG_CONTEXT)):
+        for key, length in (("short", CONTEXT), ("long", LONG_CONTEXT)):
             backend.truncate(0)
             backend.decode(tokens[:length], 1, prompt=True)
-            rows[key] = agreement_rows(backend, tokens[:length], tokens[length:])
+            tail = tokens[length : length + AGREEMENT_ROWS]
+            rows[key] = alone_and_batched(backend, tokens[:length], tail)
         return rows
     finally:
         backend.close()

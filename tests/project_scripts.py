@@ -11,7 +11,10 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def load_script(name: str) -> ModuleType:
-    """scripts/NAME.py, imported under NAME."""
+    """scripts/NAME.py, imported under NAME, with scripts/ importable as when it runs (the
+    scripts import each other's constants)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
