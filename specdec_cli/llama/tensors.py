@@ -70,19 +70,22 @@ class TensorRecorder:
 
     def _observe(self, pointer: int, ask: bool, user_data: int) -> bool:
         tensor = ctypes.cast(pointer, ctypes.POINTER(_Tensor)).contents
-        # F32 with a first column of consecutive values (not an empty view: exact mode's
-        # batches have some, of no rows)
-        readable = (
-            tensor.type == GGML_TYPE_F32
-            and tensor.nb[0] == 4
-            and 4 * tensor.ne[0] <= _nbytes(pointer)
-            and min(tensor.ne) > 0
-        )
-        if ask:
-            return readable and self.wanted(tensor.name.decode(errors="replace"))
+        if ask:  # only these are shown again, computed
+            return _readable(pointer, tensor) and self.wanted(tensor.name.decode(errors="replace"))
         values = np.empty(int(tensor.ne[0]), dtype=np.float32)
         _tensor_get(pointer, values.ctypes.data, 0, values.nbytes)
         op = _op_desc(pointer).decode()
         name = tensor.name.decode(errors="replace")
         self.recorded.append(Recorded(name, op, tuple(tensor.ne), values))
         return True  # go on computing
+
+
+def _readable(pointer: int, tensor: _Tensor) -> bool:
+    """F32 with a first column of consecutive values (not an empty view: exact mode's batches
+    have some, of no rows)."""
+    return (
+        tensor.type == GGML_TYPE_F32
+        and tensor.nb[0] == 4
+        and min(tensor.ne) > 0
+        and 4 * tensor.ne[0] <= _nbytes(pointer)
+    )
