@@ -31,6 +31,11 @@ TOKENS = 4
 FIX = "Rebuild with `make rebuild-llama` (README: GPUs); --verbose shows llama.cpp's log."
 
 
+def tiny_model(folder: Path) -> Path:
+    """The check's model, written in `folder`."""
+    return write_tiny_llama(folder / "check.gguf", config=CONFIG, quant="q4_k_m")
+
+
 def check(model: Path, gpu: bool) -> None:
     layers = -1 if gpu else 0
     backend = LlamaBackend(model, n_ctx=128, n_gpu_layers=layers, exact=True)
@@ -68,7 +73,7 @@ def main() -> None:
         )
     gpus = exactness.gpu_backends
     with tempfile.TemporaryDirectory() as folder:
-        model = write_tiny_llama(Path(folder) / "check.gguf", config=CONFIG, quant="q4_k_m")
+        model = tiny_model(Path(folder))
         try:
             check(model, gpu=False)
             if gpus and not exactness.inexact_gpu_backends():

@@ -94,8 +94,7 @@ from pathlib import Path
 sys.path.insert(0, "scripts")
 import check_build
 with tempfile.TemporaryDirectory() as folder:
-    model = Path(folder) / "tiny.gguf"
-    check_build.check(check_build.write_tiny_llama(model, config=check_build.CONFIG, quant="q4_k_m"), gpu=False)
+    check_build.check(check_build.tiny_model(Path(folder)), gpu=False)
 print("the libraries load here and decode a tiny model on the CPU, batch-invariant")
 EOF
 # Their RUNPATH names this machine's cuBLAS and stub folders too (llama-cpp-python's CMake adds
