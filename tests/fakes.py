@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_cli.decoding.backend import VocabInfo, kept_prefix
+from specdec_cli.decoding.backend import ArgmaxRows, Choices, VocabInfo, kept_prefix
 from specdec_cli.decoding.drafters import Draft, Drafter, DraftSource, ModelDrafter, Outcome
 from specdec_cli.decoding.sampling import Distribution, SamplingSettings, TokenChooser
 from specdec_cli.errors import ModelFileError
@@ -47,6 +47,7 @@ class FakeBackend:
         with add_special; `constraints`: what `constrain` builds (none: it refuses)."""
         self.path: Path | None = None
         self.prompt_with_drafts = False  # as llama.cpp's own kernels
+        self.chooses_on_device = False  # its choices are the argmax of its rows
         self.logits_fn = logits_fn
         self.n_vocab = n_vocab
         self.n_ctx = self.n_ctx_train = n_ctx
@@ -98,6 +99,9 @@ class FakeBackend:
             rows.flags.writeable = False
             self._batches[key] = rows
         return rows
+
+    def decode_choices(self, tokens: Sequence[int], n_rows: int, prompt: bool = False) -> Choices:
+        return ArgmaxRows(self.decode(tokens, n_rows, prompt))
 
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]

@@ -445,6 +445,7 @@ def test_the_fakes_have_the_protocols_surface():
     # the engine's side is what it uses, and no correctness mode
     engine_side = {"n_vocab", "n_ctx", "cached", "tokens_decoded", "decode", "truncate"}
     engine_side |= {"prompt_with_drafts", "truncations"}
+    engine_side |= {"chooses_on_device", "decode_choices"}
     text_side = {"token_bytes", "is_end_of_generation", "constrain"}
     assert set(protocol_members(Decoder)) == engine_side | text_side
     assert "exact" not in protocol_members(Backend)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specdec_cli.decoding.backend import ArgmaxRows
 from specdec_cli.decoding.sampling import (
     Distribution,
     SamplingSettings,
@@ -172,8 +173,13 @@ def rows_with_argmax(argmaxes: list[int], n_vocab: int = 5) -> np.ndarray:
     return rows
 
 
+def choices(argmaxes: list[int]) -> ArgmaxRows:
+    """The choices the host takes from rows whose argmaxes are these."""
+    return ArgmaxRows(rows_with_argmax(argmaxes))
+
+
 def test_greedy_accept_all_then_bonus():
-    assert greedy_accept([1, 2, 3], rows_with_argmax([1, 2, 3, 4])) == Verdict(3, 4)
+    assert greedy_accept([1, 2, 3], choices([1, 2, 3, 4])) == Verdict(3, 4)
 
 
 @pytest.mark.parametrize("at", [0, 1, 2])
@@ -181,11 +187,11 @@ def test_greedy_accept_stops_at_first_mismatch(at):
     target = [1, 2, 3, 4]
     draft = [1, 2, 3]
     draft[at] = 0
-    assert greedy_accept(draft, rows_with_argmax(target)) == Verdict(at, target[at])
+    assert greedy_accept(draft, choices(target)) == Verdict(at, target[at])
 
 
 def test_greedy_accept_empty_draft_is_the_argmax():
-    assert greedy_accept([], rows_with_argmax([2])) == Verdict(0, 2)
+    assert greedy_accept([], choices([2])) == Verdict(0, 2)
 
 
 class RowsRead:
@@ -206,7 +212,7 @@ class RowsRead:
 def test_greedy_accept_reads_no_row_after_the_first_mismatch():
     # a row is the whole vocabulary: a rejected draft's later rows are never needed
     rows = RowsRead(rows_with_argmax([1, 2, 3, 4, 5, 6, 7, 8, 9], n_vocab=10))
-    assert greedy_accept([1, 2, 0, 4, 5, 6, 7, 8], rows) == Verdict(2, 3)
+    assert greedy_accept([1, 2, 0, 4, 5, 6, 7, 8], ArgmaxRows(rows)) == Verdict(2, 3)
     assert rows.read == {0, 1, 2}
 
 

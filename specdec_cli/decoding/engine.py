@@ -9,11 +9,12 @@ from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 
 from ..structured import Structure
-from .backend import CacheAgreement, Decoder, logits_for_suffix
+from .backend import CacheAgreement, Decoder, choices_for_suffix, logits_for_suffix
 from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
 from .sampling import (
@@ -32,6 +33,8 @@ from .verification import (
     invariant_accept,
     speculative_accept,
 )
+
+Rows = TypeVar("Rows")  # a decode's logit rows, or only their greedy choices
 
 
 class TokenKind(str, Enum):
@@ -387,12 +390,22 @@ class Generation:
 
     def _verify(self, draft: Draft) -> tuple[Verdict, float]:
         began = time.perf_counter()
-        # One batched decode: the last accepted token plus every draft token, a logit row each.
-        # The draft joins the context for the decode alone.
+        if self.settings.sampling.greedy and self._constraint is None:
+            # Only each row's argmax is read: where the target takes it on its device, the
+            # rows never come to the host.
+            verdict = greedy_accept(draft.tokens, self._target_rows(draft, choices_for_suffix))
+        else:
+            verdict = self._sampled_verdict(draft, self._target_rows(draft, logits_for_suffix))
+        return verdict, time.perf_counter() - began
+
+    def _target_rows(self, draft: Draft, read: Callable[..., Rows]) -> Rows:
+        """One batched decode: the last accepted token plus every draft token, a row each,
+        as `read` (logits_for_suffix, choices_for_suffix) returns them. The draft joins the
+        context for the decode alone."""
         answered = len(self._context)
         self._context += draft.tokens
         try:
-            rows = logits_for_suffix(
+            return read(
                 self.target,
                 self._context,
                 len(draft.tokens) + 1,
@@ -402,11 +415,13 @@ class Generation:
         finally:
             del self._context[answered:]
             self._target_cache.changed_from(answered)
+
+    def _sampled_verdict(self, draft: Draft, rows: np.ndarray) -> Verdict:
+        """The verdict from the target's logit rows: masked by the constraint, or by the
+        sampling rule."""
         sampling = self.settings.sampling
         if self._constraint is not None:
             verdict = self._constrained_verdict(draft, rows)
-        elif sampling.greedy:
-            verdict = greedy_accept(draft.tokens, rows)
         elif self.settings.rule == SamplingRule.INVARIANT:
             position = len(self.prompt) + len(self.tokens)
             targets = _LazyDistributions(rows, sampling)
@@ -414,7 +429,7 @@ class Generation:
         else:
             targets = _LazyDistributions(rows, sampling)
             verdict = self.acceptance(draft.tokens, draft.dists, targets, self._rng)
-        return verdict, time.perf_counter() - began
+        return verdict
 
     def _constrained_verdict(self, draft: Draft, rows: np.ndarray) -> Verdict:
         """The verdict with every row masked by the constraint, which moves on, as the rows

@@ -12,13 +12,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
-from ..decoding.backend import kept_prefix, raise_if_stopped
+from ..decoding.backend import ArgmaxRows, Choices, kept_prefix, raise_if_stopped
 from ..errors import ContextOverflowError, ModelFileError
 from . import library
 from .batches import aligned_bounds, chunk_bounds, decode_failure
+from .device_choices import DeviceArgmax, choices_on_device
 from .exactness import padded_rows
 from .library import (
     DRAFT_ROUND_ROWS,
@@ -50,6 +52,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         devices: Sequence[int] | None = None,
         tensor_split: Sequence[float] = (),
         verify_padding: int | None = None,
+        device_choices: bool | None = None,
         eval_callback=None,
     ) -> None:
         """`exact`: decode small batches with batch-invariant kernels, so a token's logits do
@@ -58,8 +61,10 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         machine's, or RPC workers'), all of them unless `n_gpu_layers` says how many, shared
         as `tensor_split` says; None: every device ggml registered. `verify_padding`: exact
         verifications padded to a multiple of this many rows (None: the backend's own,
-        library.verify_padding). `eval_callback`: llama.cpp's scheduler callback, shown the
-        tensors of every decode (tensors.TensorRecorder's; diagnostics only)."""
+        library.verify_padding). `device_choices`: greedy choices (decode_choices) taken by
+        the device that computes the logits (None: device_choices.CHOICES_ON_DEVICE for it).
+        `eval_callback`: llama.cpp's scheduler callback, shown the tensors of every decode
+        (tensors.TensorRecorder's; diagnostics only)."""
         if exact:
             _refuse_inexact_placement(n_gpu_layers)
         self.exact = exact
@@ -69,6 +74,10 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         self.path = Path(path)
         self._model = _load_model(self.path, n_gpu_layers, devices, tensor_split)
         self._refuse_unrollbackable_memory()
+        if device_choices is None:
+            logits_on_gpu = on_gpu and self._output_layer_offloaded(n_gpu_layers)
+            device_choices = choices_on_device(logits_on_gpu)
+        self._wants_device_choices = device_choices
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._characters: dict[int, str] | None = None
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -109,8 +118,17 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
                 "Use a transformer model (llama, qwen2, mistral, gemma ...) as drafter and target.",
             )
 
+    def _output_layer_offloaded(self, n_gpu_layers: int) -> bool:
+        """Whether llama.cpp puts the output layer with the offloaded ones: it offloads the
+        last `n_gpu_layers` of the model's layers and the output layer after them."""
+        return n_gpu_layers < 0 or n_gpu_layers > llama_cpp.llama_model_n_layer(self._model)
+
     def _open_context(self, n_ctx: int, n_sequences: int = 1, unified: bool = False) -> None:
         params = llama_cpp.llama_context_default_params()
+        # a sequence of its own (not a split context's): its greedy choices may be the device's
+        device_choices = self._wants_device_choices and n_sequences == 1
+        if device_choices:
+            params.n_outputs_max_per_seq = 0  # a verification's every row (default: 1)
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self._n_batch_wanted
         params.n_seq_max = n_sequences
@@ -134,6 +152,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
                 "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._device_argmax = DeviceArgmax(self._ctx, self._seq) if device_choices else None
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
@@ -159,6 +178,10 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        device_argmax = getattr(self, "_device_argmax", None)
+        if device_argmax is not None:
+            device_argmax.free()
+            self._device_argmax = None
 
     def close(self) -> None:
         for child in getattr(self, "_children", []):
@@ -177,7 +200,35 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
 
     # -- the Backend protocol --------------------------------------------------------------
 
+    @property
+    def chooses_on_device(self) -> bool:
+        return self._device_argmax is not None
+
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
+        if self._device_argmax is not None:
+            self._choose_on_device(False)
+        return cast(np.ndarray, self._decode(tokens, n_logit_rows, prompt))
+
+    def decode_choices(self, tokens: Sequence[int], n_rows: int, prompt: bool = False) -> Choices:
+        if self._device_argmax is None or not self._choose_on_device(True):
+            return ArgmaxRows(self.decode(tokens, n_rows, prompt))
+        return cast(list, self._decode(tokens, n_rows, prompt))
+
+    def _choose_on_device(self, on: bool) -> bool:
+        """Attach or detach the device's greedy sampler; where llama.cpp cannot attach it,
+        this backend's choices are the host's from now on."""
+        assert self._device_argmax is not None
+        if self._device_argmax.attach(on):
+            return True
+        self._device_argmax.free()
+        self._device_argmax = None
+        return False
+
+    def _decode(
+        self, tokens: Sequence[int], n_logit_rows: int, prompt: bool
+    ) -> np.ndarray | list[int]:
+        """The last `n_logit_rows` rows' logits, or their greedy choices where the device's
+        sampler is attached."""
         if not 1 <= n_logit_rows <= min(len(tokens), self.n_batch):
             raise ValueError(f"cannot return {n_logit_rows} logit rows for {len(tokens)} tokens")
         if len(self.cached) + len(tokens) > self.n_ctx:
@@ -217,7 +268,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         room = self.n_ctx - len(self.cached)
         return max(n_tokens, min(width, EXACT_BATCH_ROWS, self.n_batch, room))
 
-    def _decode_padded(self, tokens: list[int], width: int) -> np.ndarray:
+    def _decode_padded(self, tokens: list[int], width: int) -> np.ndarray | list[int]:
         """`tokens` decoded as `width` rows: the rows after them repeat the last token and
         every row's logits are computed, so such decodes share one shape; then the padding's
         cells are dropped. Rows are invariant, so padding changes none of theirs."""
@@ -240,7 +291,9 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         """A drafter's decode that joins the slots' drafter rounds (DRAFT_ROUND_ROWS)."""
         return not prompt and len(tokens) <= DRAFT_ROUND_ROWS
 
-    def _decode_prompt_aligned(self, tokens: list[int], n_logit_rows: int) -> np.ndarray:
+    def _decode_prompt_aligned(
+        self, tokens: list[int], n_logit_rows: int
+    ) -> np.ndarray | list[int]:
         """Exact mode's prompts. A prompt's keys and logits depend on how it is cut into
         decodes, so an answer would depend on what an earlier request left cached. Here a
         prompt is always cut the same way, whatever is cached: into chunks that start at
@@ -264,10 +317,12 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         self._aligned_prompt_end = bounds[-1] if full_last else bounds[-2]
         return logits
 
-    def _decode_chunk(self, chunk: list[int], n_logit_rows: int, invariant: bool) -> np.ndarray:
+    def _decode_chunk(
+        self, chunk: list[int], n_logit_rows: int, invariant: bool
+    ) -> np.ndarray | list[int]:
         """One llama_decode; the logits of its last `n_logit_rows` rows: a view into
         llama.cpp's buffer, or a copy where other sequences share the context (their next
-        decode would overwrite it)."""
+        decode would overwrite it); or their greedy choices where the device made them."""
         n = len(chunk)
         base = len(self.cached)
         self._batch_token[:n] = chunk
@@ -286,12 +341,17 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
                 # `cached`.
                 llama_cpp.llama_memory_seq_rm(self._memory, self._seq, base, -1)
                 raise decode_failure(status, base, self.n_ctx)
-            logits = self._logits(n_logit_rows)  # waits for a GPU's decode to end
+            logits = self._outputs(n, n_logit_rows)  # waits for a GPU's decode to end
             self.decode_seconds += time.perf_counter() - began
         self.cached.extend(chunk)
         self.tokens_decoded += n
         self.decode_calls += 1
         return logits
+
+    def _outputs(self, n_tokens: int, n_rows: int) -> np.ndarray | list[int]:
+        if self._device_argmax is not None and self._device_argmax.attached:
+            return self._device_argmax.tokens(n_tokens - n_rows, n_rows)
+        return self._logits(n_rows)
 
     def _logits(self, n_rows: int) -> np.ndarray:
         if n_rows == 0:

@@ -46,6 +46,7 @@ class ContextState:
     _characters: dict[int, str] | None
     _pieces: dict[int, bytes]
     _spellings: dict[int, bytes]
+    _wants_device_choices: bool  # greedy choices by the device of the logits, where it can
     _eog: dict[int, bool]
 
     def _open_context(self, n_ctx: int, n_sequences: int = 1, unified: bool = False) -> None:

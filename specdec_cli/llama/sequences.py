@@ -57,6 +57,8 @@ class SequencesMixin(ContextState):
         (kv_unified: a drafter's logits need not be exact)."""
         per_sequence, solo_batch = self.n_ctx, self.n_batch
         self._close_context()
+        # its views' rows come back from rounds shared with other sequences, as logits
+        self._wants_device_choices = False
         rows = EXACT_BATCH_ROWS if rounds is None else DRAFT_ROUND_ROWS
         self._n_batch_wanted = max(solo_batch, n_sequences * rows)  # a full round
         self._open_context(per_sequence * n_sequences, n_sequences, unified=rounds is not None)

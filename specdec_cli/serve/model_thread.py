@@ -10,7 +10,7 @@ A job whose client went away is cancelled: the model thread checks between promp
 the engine (and free the slot).
 
 Each slot's KV caches are kept between requests, and a request goes to the idle slot whose
-cache (its owner's) would serve most of its prompt. `logits_for_suffix` compares each new
+cache (its owner's) would serve most of its prompt. `choices_for_suffix` compares each new
 prompt with what a cache holds and decodes only the rest, so a chat client resending the
 whole conversation pays only for the new turn. Unlike `chat.py`, the prompt is always
 tokenised afresh from the request: the answer to a request must not depend on which
@@ -29,7 +29,13 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from ..decoding.backend import Backend, DecodeStopped, encode_chat, logits_for_suffix, stoppable
+from ..decoding.backend import (
+    Backend,
+    DecodeStopped,
+    choices_for_suffix,
+    encode_chat,
+    stoppable,
+)
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
 from ..decoding.modes import use_history
@@ -437,7 +443,8 @@ def _prefill(target: Backend, prompt: list[int], cached: int, job: Job) -> None:
         if job.cancelled:
             raise client_gone(f"during its prompt, after {done} of {len(prompt)} tokens")
         try:
-            logits_for_suffix(target, prompt[:end], 1, prompt=True)
+            # its output is not read: choices, so a target choosing on its device stays so
+            choices_for_suffix(target, prompt[:end], 1, prompt=True)
         except DecodeStopped:  # between two chunks of this step
             read = len(target.cached)
             raise client_gone(f"during its prompt, after {read} of {len(prompt)} tokens") from None

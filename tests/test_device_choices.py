@@ -1,0 +1,142 @@
+"""Greedy choices taken by the device that computes the logits (llama/device_choices.py):
+llama.cpp's greedy sampler in the decode's graph, so that a GPU sends back one token a row
+instead of the row. It is switched on here for the CPU, whose backend runs the sampler as a
+GPU's does: the device must choose what the host's argmax of the same rows chooses, answers
+must be the host's, and the rows must come back whenever logits are wanted again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_cli.decoding.backend import ArgmaxRows, choices_for_suffix
+from specdec_cli.decoding.drafters import ModelDrafter
+from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
+from specdec_cli.decoding.sampling import SamplingSettings
+from specdec_cli.errors import BadUsageError
+from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.exactness import padded_rows
+
+CONTEXT = "the cat sat on the mat and then it went away " * 3
+CONTINUATION = "the dog ran over the hill and far away and the cat sat on the mat"
+
+
+def exact_backend(path, device: bool, padding: int = 1) -> LlamaBackend:
+    return LlamaBackend(
+        path, n_ctx=256, n_threads=2, exact=True, verify_padding=padding, device_choices=device
+    )
+
+
+class ChoicesCounted:
+    """Counts the choices a backend's device sampler gave back."""
+
+    def __init__(self, backend: LlamaBackend) -> None:
+        assert backend._device_argmax is not None
+        self.tokens = backend._device_argmax.tokens
+        self.count = 0
+        backend._device_argmax.tokens = self
+
+    def __call__(self, first_row: int, n_rows: int) -> list[int]:
+        self.count += n_rows
+        return self.tokens(first_row, n_rows)
+
+
+@pytest.mark.parametrize("padding", [1, 8])
+def test_the_device_chooses_each_rows_argmax(tiny_models, padding):
+    host, device = (exact_backend(tiny_models.target, on, padding) for on in (False, True))
+    counted = ChoicesCounted(device)
+    try:
+        context = host.tokenize(CONTEXT, add_special=True)
+        tokens = host.tokenize(CONTINUATION, add_special=False)
+        chosen = [list(choices_for_suffix(b, context, 1, prompt=True)) for b in (host, device)]
+        assert chosen[0] == chosen[1]
+        widths = (3, 1, 8, 5, 2)
+        for n in widths:  # as a run's verifications come, each after the last
+            batch, tokens = tokens[:n], tokens[n:]
+            expected = [int(np.argmax(row)) for row in host.decode(batch, n)]
+            assert list(device.decode_choices(batch, n)) == expected
+            assert device.cached == host.cached  # a padding's cells are gone
+            chosen.append(expected)
+        # every choice was the device's (a padded verification's padding rows' too)
+        assert counted.count == 1 + sum(padded_rows(n, padding) for n in widths)
+        assert len({token for rows in chosen for token in rows}) > 3  # they tell rows apart
+    finally:
+        host.close()
+        device.close()
+
+
+def test_logits_come_back_after_choices(tiny_models):
+    host, device = (exact_backend(tiny_models.target, on) for on in (False, True))
+    try:
+        context = host.tokenize(CONTEXT, add_special=True)
+        tokens = host.tokenize(CONTINUATION, add_special=False)
+        for backend in (host, device):
+            backend.decode(context, 1, prompt=True)
+        device.decode_choices(tokens[:4], 4)
+        host.decode(tokens[:4], 4)
+        expected = np.array(host.decode(tokens[4:8], 4))
+        assert np.array_equal(device.decode(tokens[4:8], 4), expected)
+        assert isinstance(device.decode_choices(tokens[8:10], 2), list)  # the device's again
+    finally:
+        host.close()
+        device.close()
+
+
+def answer(target: LlamaBackend, drafter_path, settings: GenerationSettings) -> list[int]:
+    drafter = ModelDrafter(LlamaBackend(drafter_path, n_ctx=256, n_threads=2))
+    prompt = target.tokenize(CONTEXT, add_special=True)
+    target.truncate(0)
+    events = Generation(target, prompt, settings, drafter=drafter).events()
+    return [event for event in events if isinstance(event, Finished)][-1].tokens
+
+
+def test_answers_are_the_hosts_greedy_and_sampled_in_turn(tiny_models):
+    """Greedy answers take the device's choices; a sampled one in between wants logits,
+    and the greedy one after it takes the device's choices again."""
+    greedy = GenerationSettings(max_tokens=40, draft_max=5)
+    sampled = GenerationSettings(
+        max_tokens=40, draft_max=5, sampling=SamplingSettings(temperature=0.8), seed=7
+    )
+    host, device = (exact_backend(tiny_models.target, on, 8) for on in (False, True))
+    counted = ChoicesCounted(device)
+    try:
+        for settings in (greedy, sampled, greedy):
+            before = counted.count
+            expected = answer(host, tiny_models.close_drafter, settings)
+            assert answer(device, tiny_models.close_drafter, settings) == expected
+            chose = counted.count > before
+            assert chose == settings.sampling.greedy
+    finally:
+        host.close()
+        device.close()
+
+
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_a_split_contexts_sequences_read_logits(tiny_models, sequences):
+    """Their rows come back from rounds shared with other sequences (serve --parallel)."""
+    backend = exact_backend(tiny_models.target, True)
+    assert backend.chooses_on_device
+    try:
+        views = backend.split(sequences)
+        assert not any(view.chooses_on_device for view in views)
+        tokens = views[0].tokenize(CONTEXT, add_special=True)
+        assert isinstance(views[0].decode_choices(tokens, 1, prompt=True), ArgmaxRows)
+    finally:
+        backend.close()
+
+
+def test_the_choice_is_the_backends_own_unless_set_to_measure(tiny_models, monkeypatch):
+    def chooses() -> bool:
+        backend = LlamaBackend(tiny_models.target, n_ctx=64, n_threads=2)
+        try:
+            return backend.chooses_on_device
+        finally:
+            backend.close()
+
+    monkeypatch.delenv("SPECDEC_DEVICE_CHOICES", raising=False)
+    assert not chooses()  # on a CPU the host's argmax is cheaper (CHOICES_ON_DEVICE)
+    monkeypatch.setenv("SPECDEC_DEVICE_CHOICES", "1")
+    assert chooses()
+    monkeypatch.setenv("SPECDEC_DEVICE_CHOICES", "yes")
+    with pytest.raises(BadUsageError, match="SPECDEC_DEVICE_CHOICES must be 1"):
+        chooses()
