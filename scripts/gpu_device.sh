@@ -5,8 +5,9 @@
 # .gpu/lib.tar.xz holds libraries that load here (scripts/gpu_prebuild.sh builds them without a
 # GPU), checks that it loads, writes shape-true random-weight models, then measures exact mode's
 # invariance and costs (scripts/gpu_check.py), runs `specdec bench` on the GPU, and times patch
-# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py); last, exact
-# mode with patch 0006's attention kernel (opt-in), where its own test passed.
+# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py) and greedy
+# choices on the GPU (scripts/choice_costs.py); last, exact mode with patch 0006's attention
+# kernel (opt-in), where its own test passed.
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 240 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
@@ -129,6 +130,18 @@ elif [ "${CHECK:-1}" != 0 ]; then
 fi
 grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
 where_rows_differ $W/check.txt
+join_check() {  # the JSON line of a script's output ($1) joins check.json, ":exact" in its keys read as $2
+  python3 - "$LOG/check.json" "$1" "${2:-:exact}" <<'EOF'
+import json, sys
+from pathlib import Path
+found = [json.loads(l) for l in Path(sys.argv[2]).read_text().splitlines() if l.startswith("{")]
+check = Path(sys.argv[1])
+merged = json.loads(check.read_text() or "{}") if check.exists() else {}
+for key, value in (found[0] if found else {}).items():
+    merged[key.replace(":exact", sys.argv[3])] = value
+check.write_text(json.dumps(merged))
+EOF
+}
 bench() {  # target drafter modes tag
   timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
       --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats "${REPEATS:-3}" \
@@ -148,6 +161,13 @@ t "graphs per shape"
 for m in qwen2.5-7b qwen2.5-0.5b; do
   timeout 60 python3 docs/measurements/experiments/alternating_shapes.py $W/m/$m.gguf 100
 done
+# Greedy choices taken on the GPU (llama.cpp's backend sampling) against the host's argmax of
+# the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA. Joins
+# check.json under "<model>:choices".
+t "greedy choices on the device"
+timeout 90 python3 scripts/choice_costs.py -1 $W/m/qwen2.5-7b.gguf $W/m/qwen2.5-1.5b.gguf > $W/choices.txt 2>&1
+grep -v '^{' $W/choices.txt | tail -4
+join_check $W/choices.txt
 fi
 # Patch 0006's attention kernel in exact mode (SPECDEC_CUDA_FATTN_ROWS=1) on the 7B and 0.5B
 # shapes, against check.json's exact mode on 0003's vector kernel: its results join check.json
@@ -157,16 +177,7 @@ if [ "$FATTN" = 1 ] && { [ "${CHECK:-1}" != 0 ] || [ "${ONLY_FATTN:-0}" = 1 ]; }
   SPECDEC_CUDA_FATTN_ROWS=1 timeout 150 python3 scripts/gpu_check.py --exact -1 $FATTN_SHAPES > $W/check-fattn.txt 2>&1
   grep -v '^{' $W/check-fattn.txt
   SPECDEC_CUDA_FATTN_ROWS=1 where_rows_differ $W/check-fattn.txt
-  python3 - "$LOG/check.json" $W/check-fattn.txt <<'EOF'
-import json, sys
-from pathlib import Path
-found = [json.loads(l) for l in Path(sys.argv[2]).read_text().splitlines() if l.startswith("{")]
-check = Path(sys.argv[1])
-merged = json.loads(check.read_text() or "{}") if check.exists() else {}
-for key, value in (found[0] if found else {}).items():
-    merged[key.replace(":exact", ":exact+fattn_rows")] = value
-check.write_text(json.dumps(merged))
-EOF
+  join_check $W/check-fattn.txt :exact+fattn_rows
 fi
 t done
 # issue 40's targets against what this run measured (also what a call cut short did not reach)

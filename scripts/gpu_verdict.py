@@ -8,8 +8,8 @@ patch 0006's attention kernel) and bench-*.json (`specdec bench --json`), and pr
 per target: met, NOT MET, or missing (the run did not get that far). Exit status 0 only when
 every target is measured and met; besides issue 40's, exact mode's logits must agree with
 llama.cpp's kernels' (an invariant but wrong kernel passes the rest). Lines marked "info"
-carry numbers without a target: patch 0006's attention kernel is one, opt-in until a GPU run
-has measured it.
+carry numbers without a target: patch 0006's attention kernel and greedy choices taken on the
+GPU are two, opt-in until a GPU run has measured them.
 """
 
 from __future__ import annotations
@@ -195,6 +195,22 @@ def model_checks(check: dict) -> Iterator[Line]:
         yield from shape_changes(model, found)
         yield from long_context(model, found, fast)
     yield from attention_in_models(check, exact)
+    yield from device_choices(check)
+
+
+def device_choices(check: dict) -> Iterator[Line]:
+    """scripts/choice_costs.py: greedy choices taken on the GPU against the host's argmax of
+    the rows sent back, by rows (what device_choices.CHOICES_ON_DEVICE should say for CUDA)."""
+    for key, found in check.items():
+        if not key.endswith(":choices"):
+            continue
+        host, device = found["host_ms"], found["device_ms"]
+        measured = ", ".join(
+            f"{n} rows {host[n]:.3f} -> {device[n]:.3f} ms ({device[n] / host[n]:.2f}x)"
+            for n in host
+        )
+        measured += "" if found["same_choices"] else "; OTHER CHOICES THAN THE HOST'S"
+        yield Line(f"{key.split(':')[0]}: greedy choices on the device", measured, None, True)
 
 
 def differing_sizes(found: dict) -> list[str]:
