@@ -5,17 +5,17 @@
 # .gpu/lib.tar.xz holds libraries that load here (scripts/gpu_prebuild.sh builds them without a
 # GPU), checks that it loads, writes shape-true random-weight models, then measures exact mode's
 # invariance and costs (scripts/gpu_check.py), runs `specdec bench` on the GPU, and times patch
-# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py) and greedy
-# choices on the GPU (scripts/choice_costs.py); last, exact mode with patch 0006's attention
-# kernel (opt-in), where its own test passed.
+# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py); then exact mode
+# with patch 0006's attention kernel (opt-in), where its own test passed; last, greedy choices
+# taken on the GPU (scripts/choice_costs.py, opt-in).
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 240 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
 # exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
 # (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build; where it
 # fails, the rest runs with TC=0. ONLY_FATTN=1: the kernels' own tests, then patch 0006's
-# attention kernel in models against exact mode without it (no benches), for a second call
-# when the first ran out of time before the attention kernel's step. Ends with
+# attention kernel in models against exact mode without it, and greedy choices (no benches),
+# for a second call when the first ran out of time before the attention kernel's step. Ends with
 # scripts/gpu_verdict.py: each of issue 40's targets, met or not; `python3 scripts/gpu_verdict.py LOGDIR`
 # reads the logs of a call that ran out of time the same way.
 # A rehearsal without a GPU (scripts/gpu_rehearsal.sh): MODELS names a folder of small models
@@ -161,13 +161,6 @@ t "graphs per shape"
 for m in qwen2.5-7b qwen2.5-0.5b; do
   timeout 60 python3 docs/measurements/experiments/alternating_shapes.py $W/m/$m.gguf 100
 done
-# Greedy choices taken on the GPU (llama.cpp's backend sampling) against the host's argmax of
-# the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA. Joins
-# check.json under "<model>:choices".
-t "greedy choices on the device"
-timeout 90 python3 scripts/choice_costs.py -1 $W/m/qwen2.5-7b.gguf $W/m/qwen2.5-1.5b.gguf > $W/choices.txt 2>&1
-grep -v '^{' $W/choices.txt | tail -4
-join_check $W/choices.txt
 fi
 # Patch 0006's attention kernel in exact mode (SPECDEC_CUDA_FATTN_ROWS=1) on the 7B and 0.5B
 # shapes, against check.json's exact mode on 0003's vector kernel: its results join check.json
@@ -179,6 +172,13 @@ if [ "$FATTN" = 1 ] && { [ "${CHECK:-1}" != 0 ] || [ "${ONLY_FATTN:-0}" = 1 ]; }
   SPECDEC_CUDA_FATTN_ROWS=1 where_rows_differ $W/check-fattn.txt
   join_check $W/check-fattn.txt :exact+fattn_rows
 fi
+# Greedy choices taken on the GPU (llama.cpp's backend sampling) against the host's argmax of
+# the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA (a few percent
+# of a verification, so last, and in a second call too). Joins check.json under "<model>:choices".
+t "greedy choices on the device"
+timeout 90 python3 scripts/choice_costs.py -1 $W/m/qwen2.5-7b.gguf $W/m/qwen2.5-1.5b.gguf > $W/choices.txt 2>&1
+grep -v '^{' $W/choices.txt | tail -4
+join_check $W/choices.txt
 t done
 # issue 40's targets against what this run measured (also what a call cut short did not reach)
 python3 scripts/gpu_verdict.py "$LOG"

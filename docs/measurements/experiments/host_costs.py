@@ -11,9 +11,13 @@ there. Each configuration runs interleaved with the others, medians of REPEATS.
 
 With --null the models are decoders that compute nothing (NullDecoder): only specdec's own
 work is timed, without the cold caches a CPU decode leaves behind it (on a GPU the weights
-never pass through the host's caches), and a context's length costs nothing to decode.
+never pass through the host's caches), and a context's length costs nothing to decode. With
+--device-choices too, the target sends back a greedy verdict's tokens rather than its rows,
+as a GPU taking the choices does (llama/device_choices.py); with the tiny models,
+SPECDEC_DEVICE_CHOICES=1 has their CPU take them, inside the decode.
 
-    .venv/bin/python docs/measurements/experiments/host_costs.py [--null] [PROMPT_TOKENS...]
+    .venv/bin/python docs/measurements/experiments/host_costs.py [--null [--device-choices]]
+        [PROMPT_TOKENS...]
 """
 
 import statistics
@@ -65,6 +69,7 @@ class NullDecoder:
     drafter agrees with it, are scripted. Its time counts as decoding."""
 
     prompt_with_drafts = False
+    chooses_on_device = False  # --device-choices: a greedy verdict's tokens come back alone
 
     def __init__(self, answer) -> None:
         self.answer = answer
@@ -88,6 +93,18 @@ class NullDecoder:
         seconds_in_decode += time.perf_counter() - start
         return self._rows[:n_logit_rows]
 
+    def decode_choices(self, tokens, n_rows: int, prompt: bool = False) -> list[int]:
+        """The tokens it answers at those positions, as a GPU's greedy sampler sends them
+        back (llama/device_choices.py)."""
+        global seconds_in_decode
+        start = time.perf_counter()
+        self.cached.extend(tokens)
+        self.tokens_decoded += len(tokens)
+        end = len(self.cached)
+        chosen = [self.answer(end - n_rows + i) for i in range(n_rows)]
+        seconds_in_decode += time.perf_counter() - start
+        return chosen
+
     def truncate(self, n_keep: int) -> None:
         del self.cached[n_keep:]
         self.truncations += 1
@@ -102,8 +119,9 @@ class NullDecoder:
         raise NotImplementedError
 
 
-def null_models() -> tuple[NullDecoder, NullDecoder]:
+def null_models(device_choices: bool) -> tuple[NullDecoder, NullDecoder]:
     target = NullDecoder(lambda position: 300 + position * 7 % 1000)
+    target.chooses_on_device = device_choices
     return target, NullDecoder(lambda position: 301 + position * 7 % 1000)  # never right
 
 
@@ -140,11 +158,14 @@ def answer(target, drafter, prompt, mode, reference=()):
 
 
 def main() -> None:
-    null = "--null" in sys.argv
-    lengths = [int(a) for a in sys.argv[1:] if a != "--null"] or [200, 2000, 6000, 12000]
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    lengths = [int(a) for a in sys.argv[1:] if a not in flags] or [200, 2000, 6000, 12000]
     llama_backend._llama_decode = timed_llama_decode
     with tempfile.TemporaryDirectory() as directory:
-        target, drafter = null_models() if null else models(Path(directory))
+        if "--null" in flags:
+            target, drafter = null_models("--device-choices" in flags)
+        else:
+            target, drafter = models(Path(directory))
         print("| prompt | mode | passes after the prompt's | host µs per pass | per token |")
         print("| --- | --- | --- | --- | --- |")
         for length in lengths:
