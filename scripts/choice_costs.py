@@ -4,11 +4,14 @@ say for a backend.
 
 Usage: python scripts/choice_costs.py NGL MODEL.gguf [MODEL.gguf ...]   (project importable)
 
-Per model, in exact mode after a 128-token context: a step (1 row) and a verification (8 rows)
-with every choice read, as the oracle's verdicts read them; BLOCKS blocks of each side in
-turn, each after a warm-up (each change makes llama.cpp reserve its graphs again), medians
-of every block's decodes. Prints a line per model, then one JSON line:
-{"<model>:choices": {"host_ms": {"1": ms, "8": ms}, "device_ms": {...}, "same_choices": bool}}.
+Per model, in exact mode after a 128-token context, three decodes (MEASURES): a target's step
+(1 row) and verification (8 rows), every choice read as the oracle's verdicts read them, and
+a drafter's step (1 row, its choice and that choice's probability). BLOCKS blocks of each
+decode on each side in turn, each after a warm-up (each change of sampler makes llama.cpp
+reserve its graphs again), medians of every block's decodes. Prints a line per model, then
+one JSON line: {"<model>:choices": {"host_ms": {"1": ms, "8": ms, "step": ms},
+"device_ms": {...}, "same_choices": bool}}; the device's probabilities must be the host's
+within 1e-4.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
 
 import numpy as np
 from gpu_check import CONTEXT, N_CTX, text_tokens
@@ -25,37 +27,49 @@ from specdec_cli.decoding.backend import ArgmaxRows, Choices
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.llama.library import system_info
 
-ROWS = (1, 8)
+# a name -> rows, and whether the choices' probabilities are read (a drafter's step)
+MEASURES = {"1": (1, False), "8": (8, False), "step": (1, True)}
 BLOCKS = 4
-REPEATS = 10  # per block and shape
+REPEATS = 10  # per block
 WARMUP = 3
+CONFIDENCE_TOLERANCE = 1e-4  # relative: the device's softmax against the host's
+LABELS = {"1": "1 row", "8": "8 rows", "step": "a drafter's step"}
 
 
-def host_choices(backend: LlamaBackend, tokens: Sequence[int], n: int) -> Choices:
-    return ArgmaxRows(backend.decode(tokens, n))
+def decoded(backend: LlamaBackend, side: str, tail: list[int], key: str) -> Choices:
+    n, with_confidence = MEASURES[key]
+    if side == "host":
+        return ArgmaxRows(backend.decode(tail[:n], n))
+    return backend.decode_choices(tail[:n], n, with_confidence=with_confidence)
 
 
-def device_choices(backend: LlamaBackend, tokens: Sequence[int], n: int) -> Choices:
-    return backend.decode_choices(tokens, n)
+def read(choices: Choices, key: str) -> list[tuple[int, float | None]]:
+    """Every choice, with its probability where the measure reads them."""
+    n, with_confidence = MEASURES[key]
+    return [(choices[i], choices.confidence(i) if with_confidence else None) for i in range(n)]
 
 
-SIDES = {"host": host_choices, "device": device_choices}
-
-
-def block(backend: LlamaBackend, side: str, context: list[int], tail: list[int]) -> dict:
-    """Seconds of each decode of ROWS rows after `context` on one side, every choice read;
-    and the choices of the last of each."""
-    times: dict[int, list[float]] = {n: [] for n in ROWS}
-    chosen = {}
+def block(
+    backend: LlamaBackend, side: str, context: list[int], tail: list[int], key: str
+) -> tuple[list[float], list[tuple[int, float | None]]]:
+    """Seconds of each timed decode of `key` after `context` on one side, everything
+    it reads read; and what the last one read."""
+    seconds, found = [], []
     for repeat in range(WARMUP + REPEATS):
-        for n in ROWS:
-            backend.truncate(len(context))
-            began = time.perf_counter()
-            choices = SIDES[side](backend, tail[:n], n)
-            chosen[n] = [choices[i] for i in range(n)]
-            if repeat >= WARMUP:
-                times[n].append(time.perf_counter() - began)
-    return {"times": times, "chosen": chosen}
+        backend.truncate(len(context))
+        began = time.perf_counter()
+        found = read(decoded(backend, side, tail, key), key)
+        if repeat >= WARMUP:
+            seconds.append(time.perf_counter() - began)
+    return seconds, found
+
+
+def alike(host: list, device: list) -> bool:
+    """The same choices, with probabilities within CONFIDENCE_TOLERANCE."""
+    return all(
+        token == other and (sure is None or abs(sure - other_sure) <= CONFIDENCE_TOLERANCE * sure)
+        for (token, sure), (other, other_sure) in zip(host, device, strict=True)
+    )
 
 
 def measure(path: str, ngl: int) -> dict:
@@ -64,23 +78,26 @@ def measure(path: str, ngl: int) -> dict:
         tokens = text_tokens(backend)
         context, tail = tokens[:CONTEXT], tokens[CONTEXT:]
         backend.decode(context, 1, prompt=True)
-        times: dict[str, dict[int, list[float]]] = {side: {n: [] for n in ROWS} for side in SIDES}
-        chosen: dict[str, dict] = {}
+        times: dict[str, dict[str, list[float]]] = {
+            side: {key: [] for key in MEASURES} for side in ("host", "device")
+        }
+        same = True
         for _ in range(BLOCKS):
-            for side in SIDES:
-                found = block(backend, side, context, tail)
-                for n in ROWS:
-                    times[side][n] += found["times"][n]
-                chosen[side] = found["chosen"]
+            for key in MEASURES:
+                found = {}
+                for side in times:
+                    seconds, found[side] = block(backend, side, context, tail, key)
+                    times[side][key] += seconds
+                same = same and alike(found["host"], found["device"])
         if not backend.chooses_on_device:
             raise RuntimeError("llama.cpp could not take the choices on this device")
     finally:
         backend.close()
     medians = {
-        f"{side}_ms": {n: round(1000 * float(np.median(times[side][n])), 3) for n in ROWS}
-        for side in SIDES
+        f"{side}_ms": {key: round(1000 * float(np.median(v)), 3) for key, v in by_key.items()}
+        for side, by_key in times.items()
     }
-    return medians | {"same_choices": chosen["host"] == chosen["device"]}
+    return medians | {"same_choices": same}
 
 
 def main() -> int:
@@ -91,15 +108,15 @@ def main() -> int:
     print(system_info()[:200], flush=True)
     results = {}
     for path in paths:
-        name = path.rsplit("/", 1)[-1]
-        found = results[f"{name}:choices"] = measure(path, ngl)
+        model = path.rsplit("/", 1)[-1]
+        found = results[f"{model}:choices"] = measure(path, ngl)
         host, device = found["host_ms"], found["device_ms"]
         costs = ", ".join(
-            f"{n} rows {host[n]:.3f} ms on the host, {device[n]:.3f} on the device "
-            f"({device[n] / host[n]:.2f}x)"
-            for n in ROWS
+            f"{LABELS[key]} {host[key]:.3f} ms on the host, {device[key]:.3f} on the device "
+            f"({device[key] / host[key]:.2f}x)"
+            for key in MEASURES
         )
-        print(f"{name}: greedy choices: {costs}; same choices: {found['same_choices']}")
+        print(f"{model}: greedy choices: {costs}; same choices: {found['same_choices']}")
     print(json.dumps(results))
     return 0 if all(found["same_choices"] for found in results.values()) else 1
 

@@ -176,7 +176,7 @@ fi
 # the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA (a few percent
 # of a verification, so last, and in a second call too). Joins check.json under "<model>:choices".
 t "greedy choices on the device"
-timeout 90 python3 scripts/choice_costs.py -1 $W/m/qwen2.5-7b.gguf $W/m/qwen2.5-1.5b.gguf > $W/choices.txt 2>&1
+timeout 120 python3 scripts/choice_costs.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/choices.txt 2>&1
 grep -v '^{' $W/choices.txt | tail -4
 join_check $W/choices.txt
 t done

@@ -30,6 +30,8 @@ ORACLE_SPEEDUP = {"7b": 3.0, "1.5b": 2.0}
 BENCH_PROMPTS = 6
 
 KERNEL_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+# choice_costs.py's decodes: a target's step and verification, a drafter's step
+CHOICE_LABELS = {"1": "1 row", "8": "8 rows", "step": "a drafter's step"}
 KERNEL_BITS = "tensor-core kernel, every column the same bits alone and batched"
 
 
@@ -206,8 +208,9 @@ def device_choices(check: dict) -> Iterator[Line]:
             continue
         host, device = found["host_ms"], found["device_ms"]
         measured = ", ".join(
-            f"{n} rows {host[n]:.3f} -> {device[n]:.3f} ms ({device[n] / host[n]:.2f}x)"
-            for n in host
+            f"{CHOICE_LABELS.get(key, key)} {host[key]:.3f} -> {device[key]:.3f} ms "
+            f"({device[key] / host[key]:.2f}x)"
+            for key in host
         )
         measured += "" if found["same_choices"] else "; OTHER CHOICES THAN THE HOST'S"
         yield Line(f"{key.split(':')[0]}: greedy choices on the device", measured, None, True)

@@ -100,7 +100,13 @@ class FakeBackend:
             self._batches[key] = rows
         return rows
 
-    def decode_choices(self, tokens: Sequence[int], n_rows: int, prompt: bool = False) -> Choices:
+    def decode_choices(
+        self,
+        tokens: Sequence[int],
+        n_rows: int,
+        prompt: bool = False,
+        with_confidence: bool = False,
+    ) -> Choices:
         return ArgmaxRows(self.decode(tokens, n_rows, prompt))
 
     def truncate(self, n_keep: int) -> None:

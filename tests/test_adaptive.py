@@ -35,7 +35,6 @@ from specdec_cli.decoding.drafters import (
     NgramDrafter,
     Outcome,
     ngram_draft,
-    top_probability,
 )
 from specdec_cli.decoding.engine import Generation, GenerationSettings, Round
 from specdec_cli.decoding.learned_rates import AcceptanceModel, Rate, expected_tokens
@@ -50,7 +49,12 @@ from specdec_cli.decoding.policy import (
     NGRAM_NEXT_PRIORS,
     PROBE_BUDGET,
 )
-from specdec_cli.decoding.sampling import Distribution, GumbelChooser, SamplingSettings
+from specdec_cli.decoding.sampling import (
+    Distribution,
+    GumbelChooser,
+    SamplingSettings,
+    top_probability,
+)
 
 GREEDY = SamplingSettings(temperature=0.0)
 N_VOCAB = 32

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from project_scripts import load_script
 
-from specdec_cli.llama.device_choices import DeviceArgmax
+from specdec_cli.llama.device_choices import DeviceChoices, DeviceSampler
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +34,31 @@ def test_both_sides_are_timed_and_choose_alike(choice_costs, tiny_models, monkey
     assert code == 0, out
     result = found[f"{model.name}:choices"]
     for side in ("host_ms", "device_ms"):
-        assert set(result[side]) == {"1", "8"} and all(ms > 0 for ms in result[side].values())
+        assert set(result[side]) == {"1", "8", "step"}
+        assert all(ms > 0 for ms in result[side].values())
     assert result["same_choices"] is True
-    assert f"{model.name}: greedy choices: 1 rows" in out
+    assert f"{model.name}: greedy choices: 1 row" in out
 
 
 def test_choices_other_than_the_hosts_fail_the_run(choice_costs, tiny_models, monkeypatch, capsys):
-    tokens = DeviceArgmax.tokens
-    monkeypatch.setattr(
-        DeviceArgmax, "tokens", lambda self, first, n: [t + 1 for t in tokens(self, first, n)]
-    )
+    choices = DeviceSampler.choices
+
+    def shifted(self, first: int, n: int) -> DeviceChoices:
+        chosen = choices(self, first, n)
+        return DeviceChoices([token + 1 for token in chosen.tokens], chosen.confidences)
+
+    monkeypatch.setattr(DeviceSampler, "choices", shifted)
     code, found, out = run(choice_costs, monkeypatch, capsys, tiny_models.kquant_target)
     assert code == 1
     assert found[f"{tiny_models.kquant_target.name}:choices"]["same_choices"] is False
+
+
+def test_a_drafters_probabilities_other_than_the_hosts_fail_the_run(
+    choice_costs, tiny_models, monkeypatch, capsys
+):
+    probability = DeviceSampler._probability
+    monkeypatch.setattr(
+        DeviceSampler, "_probability", lambda self, row: probability(self, row) * (1 + 1e-3)
+    )
+    code, found, out = run(choice_costs, monkeypatch, capsys, tiny_models.kquant_target)
+    assert code == 1

@@ -1,8 +1,10 @@
 """Greedy choices taken by the device that computes the logits (llama/device_choices.py):
-llama.cpp's greedy sampler in the decode's graph, so that a GPU sends back one token a row
-instead of the row. It is switched on here for the CPU, whose backend runs the sampler as a
-GPU's does: the device must choose what the host's argmax of the same rows chooses, answers
-must be the host's, and the rows must come back whenever logits are wanted again."""
+a greedy sampler in the decode's graph (llama.cpp's, or specdec's with each choice's
+probability, for a drafter), so that a GPU sends back one token a row instead of the row. It
+is switched on here for the CPU, whose backend runs the samplers as a GPU's does: the device
+must choose what the host's argmax of the same rows chooses, with the probability the host
+computes, answers must be the host's, and the rows must come back whenever logits are
+wanted again."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from specdec_cli.decoding.backend import ArgmaxRows, choices_for_suffix
 from specdec_cli.decoding.drafters import ModelDrafter
 from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
 from specdec_cli.decoding.sampling import SamplingSettings
+from specdec_cli.decoding.text_drafter import TextDrafter
 from specdec_cli.errors import BadUsageError
 from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.llama.device_choices import DeviceChoices
 from specdec_cli.llama.exactness import padded_rows
 
 CONTEXT = "the cat sat on the mat and then it went away " * 3
@@ -31,14 +35,14 @@ class ChoicesCounted:
     """Counts the choices a backend's device sampler gave back."""
 
     def __init__(self, backend: LlamaBackend) -> None:
-        assert backend._device_argmax is not None
-        self.tokens = backend._device_argmax.tokens
+        assert backend._device_sampler is not None
+        self.choices = backend._device_sampler.choices
         self.count = 0
-        backend._device_argmax.tokens = self
+        backend._device_sampler.choices = self
 
-    def __call__(self, first_row: int, n_rows: int) -> list[int]:
+    def __call__(self, first_row: int, n_rows: int) -> DeviceChoices:
         self.count += n_rows
-        return self.tokens(first_row, n_rows)
+        return self.choices(first_row, n_rows)
 
 
 @pytest.mark.parametrize("padding", [1, 8])
@@ -76,18 +80,61 @@ def test_logits_come_back_after_choices(tiny_models):
         host.decode(tokens[:4], 4)
         expected = np.array(host.decode(tokens[4:8], 4))
         assert np.array_equal(device.decode(tokens[4:8], 4), expected)
-        assert isinstance(device.decode_choices(tokens[8:10], 2), list)  # the device's again
+        assert isinstance(device.decode_choices(tokens[8:10], 2), DeviceChoices)  # again
     finally:
         host.close()
         device.close()
 
 
-def answer(target: LlamaBackend, drafter_path, settings: GenerationSettings) -> list[int]:
-    drafter = ModelDrafter(LlamaBackend(drafter_path, n_ctx=256, n_threads=2))
-    prompt = target.tokenize(CONTEXT, add_special=True)
-    target.truncate(0)
-    events = Generation(target, prompt, settings, drafter=drafter).events()
-    return [event for event in events if isinstance(event, Finished)][-1].tokens
+def test_a_drafters_choices_come_with_the_probabilities_the_host_computes(tiny_models):
+    host, device = (exact_backend(tiny_models.close_drafter, on) for on in (False, True))
+    try:
+        context = host.tokenize(CONTEXT, add_special=True)
+        tokens = host.tokenize(CONTINUATION, add_special=False)
+        for backend in (host, device):
+            backend.decode(context, 1, prompt=True)
+        sure = []
+        for token in tokens:  # a drafter's steps, with a plain choice (a verification) between
+            expected = ArgmaxRows(host.decode([token], 1))
+            got = device.decode_choices([token], 1, with_confidence=True)
+            assert isinstance(got, DeviceChoices) and got[0] == expected[0]
+            assert got.confidence(0) == pytest.approx(expected.confidence(0), rel=1e-5)
+            sure.append(got.confidence(0))
+            if token == tokens[3]:
+                assert isinstance(device.decode_choices([token], 1), DeviceChoices)
+                host.decode([token], 1)
+        assert min(sure) < 0.9 * max(sure)  # rows that tell them apart
+    finally:
+        host.close()
+        device.close()
+
+
+def answer(
+    target: LlamaBackend,
+    drafter_path,
+    settings: GenerationSettings,
+    device: bool = False,
+    by_text: bool = False,
+) -> list[int]:
+    """The answer, from a drafter (by text: TextDrafter) whose choices are the device's too
+    where `device`: with their probabilities for a greedy answer (drafts are planned by
+    them; a text drafter's are always its argmax)."""
+    drafter_backend = LlamaBackend(drafter_path, n_ctx=256, n_threads=2, device_choices=device)
+    try:
+        prompt = target.tokenize(CONTEXT, add_special=True)
+        target.truncate(0)
+        drafter: ModelDrafter | TextDrafter = (
+            TextDrafter(drafter_backend, target) if by_text else ModelDrafter(drafter_backend)
+        )
+        events = Generation(target, prompt, settings, drafter=drafter).events()
+        tokens = [event for event in events if isinstance(event, Finished)][-1].tokens
+        if device:
+            assert drafter_backend._device_sampler is not None
+            chose = drafter_backend._device_sampler.with_confidence
+            assert chose is (True if by_text or settings.sampling.greedy else None)
+        return tokens
+    finally:
+        drafter_backend.close()
 
 
 def test_answers_are_the_hosts_greedy_and_sampled_in_turn(tiny_models):
@@ -103,12 +150,24 @@ def test_answers_are_the_hosts_greedy_and_sampled_in_turn(tiny_models):
         for settings in (greedy, sampled, greedy):
             before = counted.count
             expected = answer(host, tiny_models.close_drafter, settings)
-            assert answer(device, tiny_models.close_drafter, settings) == expected
+            got = answer(device, tiny_models.close_drafter, settings, device=True)
+            assert got == expected
             chose = counted.count > before
             assert chose == settings.sampling.greedy
     finally:
         host.close()
         device.close()
+
+
+def test_text_drafts_from_the_devices_choices_give_the_hosts_answer(tiny_models):
+    settings = GenerationSettings(max_tokens=40, draft_max=5)
+    target = exact_backend(tiny_models.target, False)
+    try:
+        expected = answer(target, tiny_models.close_drafter, settings, by_text=True)
+        got = answer(target, tiny_models.close_drafter, settings, device=True, by_text=True)
+        assert got == expected
+    finally:
+        target.close()
 
 
 @pytest.mark.parametrize("sequences", [1, 2])

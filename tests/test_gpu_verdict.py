@@ -372,12 +372,16 @@ def test_greedy_choices_on_the_device_are_information_not_a_target(
     """Off until a GPU run measures them (device_choices.CHOICES_ON_DEVICE): their costs
     show, and choices other than the host's are named but fail nothing."""
     check = check_json()
-    costs = {"host_ms": {"1": 3.9, "8": 5.4}, "device_ms": {"1": 3.85, "8": 5.0}}
+    costs = {
+        "host_ms": {"1": 3.9, "8": 5.4, "step": 1.3},
+        "device_ms": {"1": 3.85, "8": 5.0, "step": 1.17},
+    }
     check["qwen2.5-7b.gguf:choices"] = costs | {"same_choices": True}
     check["qwen2.5-1.5b.gguf:choices"] = costs | {"same_choices": False}
     code, out = verdict(gpu_verdict, write_run(tmp_path, check=check), monkeypatch, capsys)
     assert code == 0, out
-    measured = "1 rows 3.900 -> 3.850 ms (0.99x), 8 rows 5.400 -> 5.000 ms (0.93x)"
+    measured = "1 row 3.900 -> 3.850 ms (0.99x), 8 rows 5.400 -> 5.000 ms (0.93x), "
+    measured += "a drafter's step 1.300 -> 1.170 ms (0.90x)"
     assert f"info     qwen2.5-7b.gguf: greedy choices on the device: {measured}\n" in out
     other = f"qwen2.5-1.5b.gguf: greedy choices on the device: {measured}; OTHER CHOICES"
     assert f"info     {other}" in out

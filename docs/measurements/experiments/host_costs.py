@@ -93,7 +93,7 @@ class NullDecoder:
         seconds_in_decode += time.perf_counter() - start
         return self._rows[:n_logit_rows]
 
-    def decode_choices(self, tokens, n_rows: int, prompt: bool = False) -> list[int]:
+    def decode_choices(self, tokens, n_rows: int, prompt=False, with_confidence=False) -> list[int]:
         """The tokens it answers at those positions, as a GPU's greedy sampler sends them
         back (llama/device_choices.py)."""
         global seconds_in_decode
