@@ -8,6 +8,9 @@ wanted again."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -69,30 +72,31 @@ def test_the_device_chooses_each_rows_argmax(tiny_models, padding):
         device.close()
 
 
-def test_logits_come_back_after_choices(tiny_models):
-    host, device = (exact_backend(tiny_models.target, on) for on in (False, True))
+@contextmanager
+def host_and_device(path) -> Iterator[tuple[LlamaBackend, LlamaBackend, list[int]]]:
+    """The model twice, its choices the host's and the device's, each after CONTEXT; and
+    CONTINUATION's tokens."""
+    host, device = (exact_backend(path, on) for on in (False, True))
     try:
-        context = host.tokenize(CONTEXT, add_special=True)
-        tokens = host.tokenize(CONTINUATION, add_special=False)
         for backend in (host, device):
-            backend.decode(context, 1, prompt=True)
-        device.decode_choices(tokens[:4], 4)
-        host.decode(tokens[:4], 4)
-        expected = np.array(host.decode(tokens[4:8], 4))
-        assert np.array_equal(device.decode(tokens[4:8], 4), expected)
-        assert isinstance(device.decode_choices(tokens[8:10], 2), DeviceChoices)  # again
+            backend.decode(backend.tokenize(CONTEXT, add_special=True), 1, prompt=True)
+        yield host, device, host.tokenize(CONTINUATION, add_special=False)
     finally:
         host.close()
         device.close()
 
 
+def test_logits_come_back_after_choices(tiny_models):
+    with host_and_device(tiny_models.target) as (host, device, tokens):
+        device.decode_choices(tokens[:4], 4)
+        host.decode(tokens[:4], 4)
+        expected = np.array(host.decode(tokens[4:8], 4))
+        assert np.array_equal(device.decode(tokens[4:8], 4), expected)
+        assert isinstance(device.decode_choices(tokens[8:10], 2), DeviceChoices)  # again
+
+
 def test_a_drafters_choices_come_with_the_probabilities_the_host_computes(tiny_models):
-    host, device = (exact_backend(tiny_models.close_drafter, on) for on in (False, True))
-    try:
-        context = host.tokenize(CONTEXT, add_special=True)
-        tokens = host.tokenize(CONTINUATION, add_special=False)
-        for backend in (host, device):
-            backend.decode(context, 1, prompt=True)
+    with host_and_device(tiny_models.close_drafter) as (host, device, tokens):
         sure = []
         for token in tokens:  # a drafter's steps, with a plain choice (a verification) between
             expected = ArgmaxRows(host.decode([token], 1))
@@ -104,9 +108,6 @@ def test_a_drafters_choices_come_with_the_probabilities_the_host_computes(tiny_m
                 assert isinstance(device.decode_choices([token], 1), DeviceChoices)
                 host.decode([token], 1)
         assert min(sure) < 0.9 * max(sure)  # rows that tell them apart
-    finally:
-        host.close()
-        device.close()
 
 
 def answer(
