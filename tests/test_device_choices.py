@@ -8,13 +8,14 @@ wanted again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 from specdec_cli.decoding.backend import ArgmaxRows, choices_for_suffix
+from specdec_cli.decoding.costs import measure_costs
 from specdec_cli.decoding.drafters import ModelDrafter
 from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings
 from specdec_cli.decoding.sampling import SamplingSettings
@@ -34,24 +35,28 @@ def exact_backend(path, device: bool, padding: int = 1) -> LlamaBackend:
     )
 
 
-class ChoicesCounted:
-    """Counts the choices a backend's device sampler gave back."""
+def count_calls(owner: object, method: str, calls: list[tuple]) -> None:
+    """`owner`'s `method` notes each call's arguments in `calls`."""
+    original = getattr(owner, method)
 
-    def __init__(self, backend: LlamaBackend) -> None:
-        assert backend._device_sampler is not None
-        self.choices = backend._device_sampler.choices
-        self.count = 0
-        backend._device_sampler.choices = self
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
 
-    def __call__(self, first_row: int, n_rows: int) -> DeviceChoices:
-        self.count += n_rows
-        return self.choices(first_row, n_rows)
+    setattr(owner, method, counted)
+
+
+def device_choices_counted(backend: LlamaBackend) -> Callable[[], int]:
+    """How many choices the backend's device sampler has sent back so far."""
+    calls: list[tuple] = []
+    count_calls(backend._device_sampler, "choices", calls)
+    return lambda: sum(n_rows for _, n_rows in calls)
 
 
 @pytest.mark.parametrize("padding", [1, 8])
 def test_the_device_chooses_each_rows_argmax(tiny_models, padding):
     host, device = (exact_backend(tiny_models.target, on, padding) for on in (False, True))
-    counted = ChoicesCounted(device)
+    counted = device_choices_counted(device)
     try:
         context = host.tokenize(CONTEXT, add_special=True)
         tokens = host.tokenize(CONTINUATION, add_special=False)
@@ -65,7 +70,7 @@ def test_the_device_chooses_each_rows_argmax(tiny_models, padding):
             assert device.cached == host.cached  # a padding's cells are gone
             chosen.append(expected)
         # every choice was the device's (a padded verification's padding rows' too)
-        assert counted.count == 1 + sum(padded_rows(n, padding) for n in widths)
+        assert counted() == 1 + sum(padded_rows(n, padding) for n in widths)
         assert len({token for rows in chosen for token in rows}) > 3  # they tell rows apart
     finally:
         host.close()
@@ -146,14 +151,14 @@ def test_answers_are_the_hosts_greedy_and_sampled_in_turn(tiny_models):
         max_tokens=40, draft_max=5, sampling=SamplingSettings(temperature=0.8), seed=7
     )
     host, device = (exact_backend(tiny_models.target, on, 8) for on in (False, True))
-    counted = ChoicesCounted(device)
+    counted = device_choices_counted(device)
     try:
         for settings in (greedy, sampled, greedy):
-            before = counted.count
+            before = counted()
             expected = answer(host, tiny_models.close_drafter, settings)
             got = answer(device, tiny_models.close_drafter, settings, device=True)
             assert got == expected
-            chose = counted.count > before
+            chose = counted() > before
             assert chose == settings.sampling.greedy
     finally:
         host.close()
@@ -200,3 +205,23 @@ def test_the_choice_is_the_backends_own_unless_set_to_measure(tiny_models, monke
     monkeypatch.setenv("SPECDEC_DEVICE_CHOICES", "yes")
     with pytest.raises(BadUsageError, match="SPECDEC_DEVICE_CHOICES must be 1"):
         chooses()
+
+
+def test_the_cost_probe_reads_as_a_greedy_run_reads(tiny_models):
+    """Choices (a drafter's with their probabilities), never logits: the probe times what a
+    greedy run's decodes cost, and leaves the samplers it will use attached."""
+    target = exact_backend(tiny_models.target, True)
+    drafter = exact_backend(tiny_models.close_drafter, True)
+    logits_read: list[tuple] = []
+    for backend in (target, drafter):
+        count_calls(backend, "decode", logits_read)
+    try:
+        probe = target.tokenize(CONTEXT * 3, add_special=True)
+        measure_costs(target, drafter, probe)
+        assert logits_read == []
+        assert target._device_sampler is not None and drafter._device_sampler is not None
+        assert target._device_sampler.with_confidence is False
+        assert drafter._device_sampler.with_confidence is True
+    finally:
+        target.close()
+        drafter.close()

@@ -428,12 +428,14 @@ def _probe(
     step, catch_up = [], {}
     if drafter is not None:  # one step after about as much text as the target's context
         cut = max(1, min(len(drafter_probe) - 1, len(context)))
-        step = _decode_seconds(drafter, drafter_probe[:cut], drafter_probe[cut : cut + 1])
+        step = _decode_seconds(
+            drafter, drafter_probe[:cut], drafter_probe[cut : cut + 1], drafter=True
+        )
         # the same step reading CATCH_UP_LEARN_MIN tokens first, and all that text but one
         sizes = {n for n in (CATCH_UP_LEARN_MIN, cut - 1) if CATCH_UP_LEARN_MIN <= n < cut}
         catch_up = {
             n: _decode_seconds(
-                drafter, drafter_probe[: cut - n], drafter_probe[cut - n : cut + 1], 1
+                drafter, drafter_probe[: cut - n], drafter_probe[cut - n : cut + 1], 1, True
             )
             for n in sorted(sizes)
         }
@@ -444,17 +446,29 @@ def _probe(
 
 
 def _decode_seconds(
-    backend: Decoder, context: Sequence[int], tail: Sequence[int], rows: int | None = None
+    backend: Decoder,
+    context: Sequence[int],
+    tail: Sequence[int],
+    rows: int | None = None,
+    drafter: bool = False,
 ) -> list[float]:
-    """Decodes of `tail` after `context`, timed: every row's logits (a verification) or the
-    last `rows`'."""
+    """Decodes of `tail` after `context`, timed: every row (a verification) or the last
+    `rows`, read as a greedy run reads them (on a backend that takes choices on its device,
+    the choices: a drafter's with their probabilities; so the run starts on the same graphs)."""
+
+    def read(tokens: Sequence[int], n_rows: int) -> None:
+        if backend.chooses_on_device:
+            backend.decode_choices(tokens, n_rows, with_confidence=drafter)
+        else:
+            backend.decode(tokens, n_rows)
+
     if backend.cached[: len(context)] != list(context):
         backend.truncate(0)
-        backend.decode(context, 1)
+        read(context, 1)
     samples = []
     for _ in range(PROBE_REPEATS):
         backend.truncate(len(context))
         began = time.perf_counter()
-        backend.decode(tail, rows or len(tail))
+        read(tail, rows or len(tail))
         samples.append(time.perf_counter() - began)
     return samples
