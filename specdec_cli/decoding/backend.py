@@ -7,13 +7,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from ..structured import Structure
 from .constraint import Constraint
 from .sampling import top_probability
+
+Decoded = TypeVar("Decoded")  # what a decode gives back: logit rows, or their choices
 
 
 @dataclass(frozen=True)
@@ -311,11 +313,9 @@ def logits_for_suffix(
     request's prompt (see Backend.decode). `agreement`: the caller's, for a caller that
     calls again with the same tokens grown: what it vouches for is not compared again.
     """
-    keep = _suffix_start(backend, tokens, n_rows, agreement)
-    rows = backend.decode(tokens[keep:], n_rows, prompt)
-    if agreement is not None:
-        agreement.record(backend, len(tokens))
-    return rows
+    return _decode_suffix(
+        backend, tokens, n_rows, agreement, lambda new: backend.decode(new, n_rows, prompt)
+    )
 
 
 def choices_for_suffix(
@@ -331,21 +331,31 @@ def choices_for_suffix(
     the rows."""
     if not backend.chooses_on_device:
         return ArgmaxRows(logits_for_suffix(backend, tokens, n_rows, prompt, agreement))
-    keep = _suffix_start(backend, tokens, n_rows, agreement)
-    choices = backend.decode_choices(tokens[keep:], n_rows, prompt, with_confidence)
-    if agreement is not None:
-        agreement.record(backend, len(tokens))
-    return choices
+    return _decode_suffix(
+        backend,
+        tokens,
+        n_rows,
+        agreement,
+        lambda new: backend.decode_choices(new, n_rows, prompt, with_confidence),
+    )
 
 
-def _suffix_start(
-    backend: Decoder, tokens: Sequence[int], n_rows: int, agreement: CacheAgreement | None
-) -> int:
-    """Where the decode of `tokens` starts: the cache truncated to what serves them."""
+def _decode_suffix(
+    backend: Decoder,
+    tokens: Sequence[int],
+    n_rows: int,
+    agreement: CacheAgreement | None,
+    decode: Callable[[Sequence[int]], Decoded],
+) -> Decoded:
+    """The cache truncated to what serves `tokens`, the rest given to `decode`, and the
+    caller's agreement told."""
     if not 1 <= n_rows <= len(tokens):
         raise ValueError(f"need 1..{len(tokens)} logit rows, asked for {n_rows}")
     known = agreement.known(backend) if agreement is not None else 0
     keep = kept_prefix(backend.cached, tokens, n_rows, known)
     if keep < len(backend.cached):
         backend.truncate(keep)
-    return keep
+    decoded = decode(tokens[keep:])
+    if agreement is not None:
+        agreement.record(backend, len(tokens))
+    return decoded

@@ -125,9 +125,7 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
 
     def _open_context(self, n_ctx: int, n_sequences: int = 1, unified: bool = False) -> None:
         params = llama_cpp.llama_context_default_params()
-        # a sequence of its own (not a split context's): its greedy choices may be the device's
-        device_choices = self._wants_device_choices and n_sequences == 1
-        if device_choices:
+        if self._wants_device_choices:  # never for a split context (`split`)
             params.n_outputs_max_per_seq = 0  # a verification's every row (default: 1)
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = self._n_batch_wanted
@@ -152,7 +150,9 @@ class LlamaBackend(SequencesMixin, VocabularyMixin):
                 "Try a smaller --ctx-size, or fewer --gpu-layers if GPU memory is short.",
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._device_sampler = DeviceSampler(self._ctx, self._seq) if device_choices else None
+        self._device_sampler = (
+            DeviceSampler(self._ctx, self._seq) if self._wants_device_choices else None
+        )
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))  # each sequence's share
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.cached: list[int] = []
