@@ -120,6 +120,15 @@ def test_the_cache_is_keyed_by_kernels_threads_and_gpu_layers(clock, tmp_path):
     assert len(keys) == 5
 
 
+def test_the_cache_is_keyed_by_where_each_model_takes_its_choices(clock, tmp_path):
+    pair = timed_pair(clock, QUIET, tmp_path)
+    on_host = costs_key(pair, HARDWARE, "k1")
+    pair.target.chooses_on_device = True  # only tokens come back: cheaper decodes on a GPU
+    on_device = costs_key(pair, HARDWARE, "k1")
+    pair.drafter.chooses_on_device = True
+    assert len({on_host, on_device, costs_key(pair, HARDWARE, "k1")}) == 3
+
+
 def test_what_a_run_learned_is_written_back_for_the_next(clock, tmp_path):
     pair = timed_pair(clock, BUSY, tmp_path)
     costs = pair_costs(pair, HARDWARE, kernels="k1")  # untrusted: not cached

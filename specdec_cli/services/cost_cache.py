@@ -107,8 +107,10 @@ def _cached_costs(entry: object) -> CostModel | None:
 
 
 def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = None) -> str | None:
-    """What decode costs depend on: both model files (path, size, time), threads, GPU layers
-    and the kernels (exact or fast, and which build: library.kernel_signature)."""
+    """What decode costs depend on: both model files (path, size, time) and where each takes
+    its greedy choices (the probe reads choices as a greedy run does, and only tokens come
+    back from a device that takes them), threads, GPU layers and the kernels (exact or fast,
+    and which build: library.kernel_signature)."""
     parts = []
     for backend in (pair.target, pair.drafter):
         if backend is None:
@@ -117,7 +119,8 @@ def costs_key(pair: ModelPair, hardware: HardwareOptions, kernels: str | None = 
             return None  # not a model file: nothing to recognise it by next time
         else:
             stat = backend.path.stat()
-            parts.append(f"{backend.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}")
+            choices = "device" if backend.chooses_on_device else "host"
+            parts.append(f"{backend.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}:{choices}")
     if kernels is None:
         from ..llama import library
 
