@@ -11,7 +11,9 @@ decode on each side in turn, each after a warm-up (each change of sampler makes 
 reserve its graphs again), medians of every block's decodes. Prints a line per model, then
 one JSON line: {"<model>:choices": {"host_ms": {"1": ms, "8": ms, "step": ms},
 "device_ms": {...}, "same_choices": bool}}; the device's probabilities must be the host's
-within 1e-4.
+within 1e-4. Last, "greedy choices on the device pay: yes" where every model's choices are
+the host's and none of its decodes costs more on the device (else "no"): gpu_device.sh then
+runs its benches with them.
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ def measure(path: str, ngl: int) -> dict:
     return medians | {"same_choices": same}
 
 
+def pays(results: dict) -> bool:
+    """Whether choices on the device pay: the host's choices, and no decode of any model
+    dearer than with its rows sent back (a mixed result keeps them on the host)."""
+    return all(
+        found["same_choices"]
+        and all(found["device_ms"][key] <= found["host_ms"][key] for key in MEASURES)
+        for found in results.values()
+    )
+
+
 def main() -> int:
     if len(sys.argv) < 3:
         print("usage: python scripts/choice_costs.py NGL MODEL.gguf [...]", file=sys.stderr)
@@ -118,6 +130,7 @@ def main() -> int:
         )
         print(f"{model}: greedy choices: {costs}; same choices: {found['same_choices']}")
     print(json.dumps(results))
+    print(f"greedy choices on the device pay: {'yes' if pays(results) else 'no'}")
     return 0 if all(found["same_choices"] for found in results.values()) else 1
 
 

@@ -4,18 +4,20 @@
 # carried. Builds llama.cpp with CUDA (sm_90 unless CUDA_ARCH says otherwise) unless
 # .gpu/lib.tar.xz holds libraries that load here (scripts/gpu_prebuild.sh builds them without a
 # GPU), checks that it loads, writes shape-true random-weight models, then measures exact mode's
-# invariance and costs (scripts/gpu_check.py), runs `specdec bench` on the GPU, and times patch
-# 0005's graphs per shape (docs/measurements/experiments/alternating_shapes.py); then exact mode
-# with patch 0006's attention kernel (opt-in), where its own test passed; last, greedy choices
-# taken on the GPU (scripts/choice_costs.py, opt-in).
+# invariance and costs (scripts/gpu_check.py) and greedy choices taken on the GPU against the
+# host's (scripts/choice_costs.py), runs `specdec bench` on the GPU (with those choices where
+# they paid: opt-in until measured), and times patch 0005's graphs per shape
+# (docs/measurements/experiments/alternating_shapes.py); last, exact mode with patch 0006's
+# attention kernel (opt-in), where its own test passed.
 # Usage: bash scripts/gpu_device.sh LOGDIR   (at most 8 files land there)
 # REPEATS (default 3): repeats per bench side; CHECK=0 skips gpu_check.py (about 240 s) when
 # only the benches are wanted. TC (default 1) is SPECDEC_CUDA_MMV_TC for the checks and benches:
 # exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004), whose own test
 # (native/cuda/test_mmv_tc.cu: bits and cost by columns) runs first, before the build; where it
-# fails, the rest runs with TC=0. ONLY_FATTN=1: the kernels' own tests, then patch 0006's
-# attention kernel in models against exact mode without it, and greedy choices (no benches),
-# for a second call when the first ran out of time before the attention kernel's step. Ends with
+# fails, the rest runs with TC=0. DEVICE_CHOICES (1 or 0) sets the benches' greedy choices
+# instead of what scripts/choice_costs.py found. ONLY_FATTN=1: the kernels' own tests, greedy choices, then
+# patch 0006's attention kernel in models against exact mode without it (no benches), for a
+# second call when the first ran out of time before the attention kernel's step. Ends with
 # scripts/gpu_verdict.py: each of issue 40's targets, met or not; `python3 scripts/gpu_verdict.py LOGDIR`
 # reads the logs of a call that ran out of time the same way.
 # A rehearsal without a GPU (scripts/gpu_rehearsal.sh): MODELS names a folder of small models
@@ -142,6 +144,20 @@ for key, value in (found[0] if found else {}).items():
 check.write_text(json.dumps(merged))
 EOF
 }
+# Greedy choices taken on the GPU (llama.cpp's backend sampling) against the host's argmax of
+# the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA. Joins
+# check.json under "<model>:choices". Where they pay (the same choices, no decode dearer), the
+# benches take them, so that they measure what would ship; DEVICE_CHOICES=1 or 0 decides instead.
+t "greedy choices on the device"
+timeout 120 python3 scripts/choice_costs.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/choices.txt 2>&1
+grep -v '^{' $W/choices.txt | tail -5
+join_check $W/choices.txt
+choices_by="choice_costs.py found they do not pay"
+if [ -n "${DEVICE_CHOICES:-}" ]; then
+  export SPECDEC_DEVICE_CHOICES=$DEVICE_CHOICES; choices_by="set by DEVICE_CHOICES"
+elif grep -q '^greedy choices on the device pay: yes' $W/choices.txt; then
+  export SPECDEC_DEVICE_CHOICES=1; choices_by="choice_costs.py found they pay"
+fi
 bench() {  # target drafter modes tag
   timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
       --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats "${REPEATS:-3}" \
@@ -149,6 +165,7 @@ bench() {  # target drafter modes tag
   tail -14 $W/bench-$4.txt
 }
 if [ "${ONLY_FATTN:-0}" != 1 ]; then
+echo "benches' greedy choices: SPECDEC_DEVICE_CHOICES=${SPECDEC_DEVICE_CHOICES:-unset} ($choices_by)"
 # combined: the default mode, whose planner must keep the target's pace with a drafter
 # (random weights) that is never right
 t bench 7b; bench qwen2.5-7b qwen2.5-0.5b oracle,model,combined 7b
@@ -172,13 +189,6 @@ if [ "$FATTN" = 1 ] && { [ "${CHECK:-1}" != 0 ] || [ "${ONLY_FATTN:-0}" = 1 ]; }
   SPECDEC_CUDA_FATTN_ROWS=1 where_rows_differ $W/check-fattn.txt
   join_check $W/check-fattn.txt :exact+fattn_rows
 fi
-# Greedy choices taken on the GPU (llama.cpp's backend sampling) against the host's argmax of
-# the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA (a few percent
-# of a verification, so last, and in a second call too). Joins check.json under "<model>:choices".
-t "greedy choices on the device"
-timeout 120 python3 scripts/choice_costs.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/choices.txt 2>&1
-grep -v '^{' $W/choices.txt | tail -4
-join_check $W/choices.txt
 t done
 # issue 40's targets against what this run measured (also what a call cut short did not reach)
 python3 scripts/gpu_verdict.py "$LOG"

@@ -26,7 +26,10 @@ PYTHONPATH=$vendor/gguf-py .venv/bin/python .gpu/make_shape_gguf.py \
 for shape in qwen2.5-7b qwen2.5-1.5b qwen2.5-0.5b; do
     ln -s "$work/models/tiny.gguf" "$work/models/$shape.gguf"
 done
+# The benches take greedy choices on the device, as on a GPU where they pay (on this CPU they
+# do not: choice_costs.py would keep them on the host).
 PATH=$PWD/.venv/bin:$cuda/bin:$PATH TMPDIR=$work/tmp MODELS=$work/models REPEATS=1 KERNEL_TESTS=0 \
+    DEVICE_CHOICES=${DEVICE_CHOICES:-1} \
     LD_LIBRARY_PATH="$cuda/lib64:$cublas:$work/driver" \
     bash scripts/gpu_device.sh "$log" || true
 echo "logs: $log"
@@ -41,3 +44,5 @@ grep -q 'exact+fattn_rows' "$log/check.json" \
     || { echo "error: the rehearsal did not reach the attention kernel's step" >&2; exit 1; }
 grep -q ':choices' "$log/check.json" \
     || { echo "error: the rehearsal did not reach the step of greedy choices on the device" >&2; exit 1; }
+[ "${ONLY_FATTN:-0}" = 1 ] || grep -q "^benches' greedy choices: SPECDEC_DEVICE_CHOICES=${DEVICE_CHOICES:-1} " "$log/run.log" \
+    || { echo "error: the benches did not take the greedy choices the rehearsal set" >&2; exit 1; }

@@ -156,6 +156,19 @@ def exact_products(log: str) -> Iterator[Line]:
         yield Line("tensor-core kernel in a model (patch 0004's hook)", measured, not failed)
 
 
+def bench_choices(log: str) -> Iterator[Line]:
+    """Where the benches took their greedy choices: gpu_device.sh gives them the GPU's where
+    scripts/choice_costs.py found those paying (the same choices, no decode dearer)."""
+    pattern = r"^benches' greedy choices: SPECDEC_DEVICE_CHOICES=(\S+) \((.*)\)$"
+    found = re.findall(pattern, log, re.MULTILINE)
+    if found:
+        switch, why = found[-1]
+        where = {"1": "on the GPU", "0": "on the host"}.get(
+            switch, "as device_choices.CHOICES_ON_DEVICE says (on the host for CUDA)"
+        )
+        yield Line("greedy choices in the benches", f"{where}: {why}", None, True)
+
+
 def library_exports(log: str) -> Iterator[Line]:
     counts = [int(n) for n in re.findall(r"exports libstdc\+\+ code: (\d+)", log)]
     measured = f"{sum(counts)} functions in {len(counts)} libraries" if counts else "not run"
@@ -417,6 +430,7 @@ def verdict(log_dir: Path) -> list[Line]:
     )
     lines: list[Line] = [*kernel_test(log), *kernel_bench(log), *exact_products(log)]
     lines += attention_kernel(log)
+    lines += bench_choices(log)
     lines += library_exports(log)
     lines += model_checks(read_json(log_dir / "check.json") or {})
     for tag in ("7b", "1.5b", "7b-padded"):

@@ -25,7 +25,8 @@ def run(choice_costs, monkeypatch, capsys, model: Path) -> tuple[int, dict, str]
     monkeypatch.setattr(sys, "argv", ["choice_costs.py", "0", str(model)])
     code = choice_costs.main()
     out = capsys.readouterr().out
-    return code, json.loads(out.strip().splitlines()[-1]), out
+    found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return code, found[-1], out
 
 
 def test_both_sides_are_timed_and_choose_alike(choice_costs, tiny_models, monkeypatch, capsys):
@@ -51,6 +52,7 @@ def test_choices_other_than_the_hosts_fail_the_run(choice_costs, tiny_models, mo
     code, found, out = run(choice_costs, monkeypatch, capsys, tiny_models.kquant_target)
     assert code == 1
     assert found[f"{tiny_models.kquant_target.name}:choices"]["same_choices"] is False
+    assert out.strip().splitlines()[-1] == "greedy choices on the device pay: no"
 
 
 def test_a_drafters_probabilities_other_than_the_hosts_fail_the_run(
@@ -62,3 +64,18 @@ def test_a_drafters_probabilities_other_than_the_hosts_fail_the_run(
     )
     code, found, out = run(choice_costs, monkeypatch, capsys, tiny_models.kquant_target)
     assert code == 1
+
+
+def measured(host: dict, device: dict, same: bool = True) -> dict:
+    return {"host_ms": host, "device_ms": device, "same_choices": same}
+
+
+def test_choices_pay_only_where_every_decode_costs_no_more_and_chooses_alike(choice_costs):
+    host = {"1": 4.0, "8": 9.0, "step": 1.4}
+    cheaper = {"1": 3.9, "8": 8.6, "step": 1.3}
+    assert choice_costs.pays({"7b": measured(host, cheaper), "0.5b": measured(host, host)})
+    dearer_step = cheaper | {"step": 1.5}
+    assert not choice_costs.pays(
+        {"7b": measured(host, cheaper), "0.5b": measured(host, dearer_step)}
+    )
+    assert not choice_costs.pays({"7b": measured(host, cheaper, same=False)})

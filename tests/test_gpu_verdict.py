@@ -52,6 +52,7 @@ def run_log(
     tc: int = 1,
     attention: str = ATTENTION_OK,
     in_model: str = "ok",
+    choices: str = "1 (choice_costs.py found they pay)",
 ) -> str:
     tests = [
         f"{t}, {w} warps: {kernel if t == 'Q6_K' else 'ok'} (double product: 1e-08)"
@@ -74,6 +75,7 @@ def run_log(
     if in_model == "FAILED":
         failed = "[97s] TENSOR-CORE KERNEL FAILED IN A MODEL: the checks and benches without it"
         products += [failed, "exact products: SPECDEC_CUDA_MMV_TC=0"]
+    products.append(f"benches' greedy choices: SPECDEC_DEVICE_CHOICES={choices}")
     return "\n".join(tests + bench + products + attention_log(attention) + exports) + "\n"
 
 
@@ -385,3 +387,24 @@ def test_greedy_choices_on_the_device_are_information_not_a_target(
     assert f"info     qwen2.5-7b.gguf: greedy choices on the device: {measured}\n" in out
     other = f"qwen2.5-1.5b.gguf: greedy choices on the device: {measured}; OTHER CHOICES"
     assert f"info     {other}" in out
+
+
+@pytest.mark.parametrize(
+    ("choices", "where"),
+    [
+        ("1 (choice_costs.py found they pay)", "on the GPU: choice_costs.py found they pay"),
+        ("0 (set by DEVICE_CHOICES)", "on the host: set by DEVICE_CHOICES"),
+        (
+            "unset (choice_costs.py found they do not pay)",
+            "as device_choices.CHOICES_ON_DEVICE says (on the host for CUDA): "
+            "choice_costs.py found they do not pay",
+        ),
+    ],
+)
+def test_the_verdict_says_where_the_benches_took_their_greedy_choices(
+    gpu_verdict, tmp_path, monkeypatch, capsys, choices, where
+):
+    folder = write_run(tmp_path, log=run_log(choices=choices))
+    code, out = verdict(gpu_verdict, folder, monkeypatch, capsys)
+    assert code == 0, out
+    assert f"info     greedy choices in the benches: {where}\n" in out
