@@ -22,8 +22,9 @@ and the steady cost of n = 1 and 8, where attention is what grows with a verific
 Last, exact mode's rows decoded one at a time against llama.cpp's own kernels' (fast mode; with
 --exact, a fast-mode pass of just those rows): a kernel that is invariant but wrong would pass
 everything else with random weights, whose text nobody reads.
-Exits non-zero if an exact row differs, or exact mode's logits part from llama.cpp's. Ends with
-one JSON line of everything. SPECDEC_CUDA_MMV_TC=1
+Exits non-zero if an exact row differs, or exact mode's logits part from llama.cpp's. Prints
+one JSON line per model once it is measured (its keys "<model>:exact" and "<model>:fast"), so
+that a run cut short keeps the models it finished. SPECDEC_CUDA_MMV_TC=1
 runs exact mode's Q4_K, Q6_K and Q8_0 products on specdec's tensor-core kernel (patch 0004).
 
 Run by the GPU kit (scripts/gpu/device.sh) on a machine with a GPU; see README (GPUs).
@@ -314,7 +315,7 @@ def main() -> int:
         fast = rows[False] if False in rows else fast_rows(path, ngl)
         found = results[f"{name}:exact"]["agrees_with_fast"] = agreement(rows[True], fast)
         parted += report_agreement(f"{name}:exact", found)
-    print(json.dumps(results))
+        print(json.dumps({key: results[key] for key in results if key.startswith(f"{name}:")}))
     print("exact rows differ:", ", ".join(failures) if failures else "none")
     print("exact logits part from llama.cpp's:", ", ".join(parted) if parted else "none")
     return 1 if failures or parted else 0

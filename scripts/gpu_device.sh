@@ -140,20 +140,11 @@ if [ "$ONLY_FATTN" = 1 ]; then  # the attention kernel's baseline: exact mode, v
 elif [ "${CHECK:-1}" != 0 ]; then
   timeout 240 python3 scripts/gpu_check.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/check.txt 2>&1
 fi
-grep -v '^{' $W/check.txt; grep '^{' $W/check.txt > "$LOG/check.json"
-where_rows_differ $W/check.txt
-join_check() {  # the JSON line of a script's output ($1) joins check.json, ":exact" in its keys read as $2
-  python3 - "$LOG/check.json" "$1" "${2:-:exact}" <<'EOF'
-import json, sys
-from pathlib import Path
-found = [json.loads(l) for l in Path(sys.argv[2]).read_text().splitlines() if l.startswith("{")]
-check = Path(sys.argv[1])
-merged = json.loads(check.read_text() or "{}") if check.exists() else {}
-for key, value in (found[0] if found else {}).items():
-    merged[key.replace(":exact", sys.argv[3])] = value
-check.write_text(json.dumps(merged))
-EOF
+join_check() {  # the JSON lines of a script's output ($1) join check.json, ":exact" in their keys read as $2
+  python3 scripts/join_check.py "$LOG/check.json" "$1" "${2:-:exact}"
 }
+grep -v '^{' $W/check.txt; rm -f "$LOG/check.json"; join_check $W/check.txt
+where_rows_differ $W/check.txt
 # Greedy choices taken on the GPU (llama.cpp's backend sampling) against the host's argmax of
 # the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA. Joins
 # check.json under "<model>:choices". Where they pay (the same choices, no decode dearer), the
@@ -170,8 +161,8 @@ if [ -n "${DEVICE_CHOICES:-}" ]; then
 elif grep -q '^greedy choices on the device pay: yes' $W/choices.txt; then
   export SPECDEC_DEVICE_CHOICES=1; choices_by="choice_costs.py found they pay"
 fi
-bench() {  # target drafter modes tag
-  timeout 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
+bench() {  # target drafter modes tag; cut short, as by Ctrl-C, it writes what it measured
+  timeout -s INT -k 15 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
       --draft $W/m/$2.gguf -ngl -1 --draft-gpu-layers -1 --drafter $3 --per-category 1 --repeats "${REPEATS:-3}" \
       --max-tokens 64 --json "$LOG/bench-$4.json" > $W/bench-$4.txt 2>&1
   tail -14 $W/bench-$4.txt

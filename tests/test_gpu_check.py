@@ -31,7 +31,10 @@ def run(gpu_check, monkeypatch, capsys, *args: str) -> tuple[int, dict, str]:
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick", *args])
     code = gpu_check.main()
     out = capsys.readouterr().out
-    found = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    found = {}
+    for line in out.splitlines():
+        if line.startswith("{"):  # one per model
+            found |= json.loads(line)
     return code, found, out
 
 
@@ -51,6 +54,22 @@ def test_exact_rows_are_identical_and_agree_with_llama_cpps_kernels(
         assert where["rows"] == gpu_check.AGREEMENT_ROWS
     assert "exact rows differ: none" in out
     assert "exact logits part from llama.cpp's: none" in out
+
+
+def test_each_model_is_printed_once_measured(gpu_check, model, monkeypatch, capsys):
+    """A run its timeout kills keeps the models it finished (gpu_device.sh joins each line)."""
+    check = gpu_check.check
+
+    def killed_at_the_second(path: str, ngl: int, exact: bool):
+        if path == "second.gguf":
+            raise KeyboardInterrupt  # as the timeout's signal stops it
+        return check(path, ngl, exact)
+
+    monkeypatch.setattr(gpu_check, "check", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(gpu_check, monkeypatch, capsys, "--exact", "0", str(model), "second.gguf")
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
+    assert [list(found) for found in printed] == [[f"{model.name}:exact"]]
 
 
 def test_an_invariant_but_wrong_kernel_fails_the_run(gpu_check, model, monkeypatch, capsys):
