@@ -149,17 +149,17 @@ where_rows_differ $W/check.txt
 # the rows sent back: what device_choices.CHOICES_ON_DEVICE should say for CUDA. Joins
 # check.json under "<model>:choices". Where they pay (the same choices, no decode dearer), the
 # benches take them, so that they measure what would ship; DEVICE_CHOICES=1 or 0 decides instead.
-choices_by="choice_costs.py found they do not pay"
-if [ "$ONLY_FATTN" != 1 ]; then
+if [ "$ONLY_FATTN" != 1 ]; then  # the benches' (a second call runs none)
   t "greedy choices on the device"
   timeout 120 python3 scripts/choice_costs.py -1 $(for m in $SHAPES; do echo $W/m/$m.gguf; done) > $W/choices.txt 2>&1
   grep -v '^{' $W/choices.txt | tail -5
   join_check $W/choices.txt
-fi
-if [ -n "${DEVICE_CHOICES:-}" ]; then
-  export SPECDEC_DEVICE_CHOICES=$DEVICE_CHOICES; choices_by="set by DEVICE_CHOICES"
-elif grep -q '^greedy choices on the device pay: yes' $W/choices.txt; then
-  export SPECDEC_DEVICE_CHOICES=1; choices_by="choice_costs.py found they pay"
+  choices_by="choice_costs.py found they do not pay"
+  if [ -n "${DEVICE_CHOICES:-}" ]; then
+    export SPECDEC_DEVICE_CHOICES=$DEVICE_CHOICES; choices_by="set by DEVICE_CHOICES"
+  elif grep -q '^greedy choices on the device pay: yes' $W/choices.txt; then
+    export SPECDEC_DEVICE_CHOICES=1; choices_by="choice_costs.py found they pay"
+  fi
 fi
 bench() {  # target drafter modes tag; cut short, as by Ctrl-C, it writes what it measured
   timeout -s INT -k 15 150 python3 -c 'from specdec_cli.cli import main; main()' bench --offline --target $W/m/$1.gguf \
