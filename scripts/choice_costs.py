@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 from gpu_check import CONTEXT, N_CTX, text_tokens
+from gpu_verdict import CHOICE_LABELS
 
 from specdec_cli.decoding.backend import ArgmaxRows, Choices
 from specdec_cli.llama.backend import LlamaBackend
@@ -35,7 +36,6 @@ BLOCKS = 4
 REPEATS = 10  # per block
 WARMUP = 3
 CONFIDENCE_TOLERANCE = 1e-4  # relative: the device's softmax against the host's
-LABELS = {"1": "1 row", "8": "8 rows", "step": "a drafter's step"}
 
 
 def decoded(backend: LlamaBackend, side: str, tail: list[int], key: str) -> Choices:
@@ -124,7 +124,7 @@ def main() -> int:
         found = results[f"{model}:choices"] = measure(path, ngl)
         host, device = found["host_ms"], found["device_ms"]
         costs = ", ".join(
-            f"{LABELS[key]} {host[key]:.3f} ms on the host, {device[key]:.3f} on the device "
+            f"{CHOICE_LABELS[key]} {host[key]:.3f} ms on the host, {device[key]:.3f} on the device "
             f"({device[key] / host[key]:.2f}x)"
             for key in MEASURES
         )
