@@ -14,9 +14,10 @@ from typing import TypeVar
 import numpy as np
 
 from ..structured import Structure
-from .backend import CacheAgreement, Decoder, choices_for_suffix, logits_for_suffix
+from .backend import ArgmaxRows, CacheAgreement, Decoder, choices_for_suffix, logits_for_suffix
 from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
+from .logprobs import TokenLogprob, token_logprob
 from .sampling import (
     Distribution,
     GumbelChooser,
@@ -65,16 +66,21 @@ class GenerationSettings:
     rule: SamplingRule = SamplingRule.INVARIANT
     prediction: tuple[int, ...] = ()  # Predicted Outputs: token ids of the expected answer
     structure: Structure | None = None  # what the answer must be (a grammar, a JSON schema)
+    # each emitted token's log-probability and this many alternatives' (logprobs.py); None:
+    # none, and a greedy answer may leave its rows on the target's device
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
 class Piece:
     """Text released by one emitted token (may be empty while a character or stop string is
-    incomplete). `token` is None for the text flushed when generation ends."""
+    incomplete). `token` is None for the text flushed when generation ends; `logprob` is
+    the token's where the settings ask for them (not for the end-of-generation token)."""
 
     token: int | None
     kind: TokenKind
     text: str
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
@@ -318,19 +324,21 @@ class Generation:
                 break
             draft, draft_seconds = self._draft(room - 1)
             first_round = self.stats.target_passes == 0
-            verdict, verify_seconds = self._verify(draft)
+            verdict, verify_seconds, rows = self._verify(draft)
+            accepted = draft.tokens[: verdict.n_accepted]
+            logprobs = self._logprobs(rows, [*accepted, verdict.next_token])
             if self.drafter is not None:
                 self.drafter.observe(
                     Outcome(draft, verdict.n_accepted, verify_seconds, first_round, draft_seconds)
                 )
-            accepted = draft.tokens[: verdict.n_accepted]
             round_ = Round(
                 len(draft.tokens), len(accepted), draft.source, draft_seconds, verify_seconds
             )
             self.stats.add_round(round_)
             yield round_
-            for token, kind in self._label(draft, accepted, verdict.next_token):
-                piece, finish_reason = self._emit(token, kind, start)
+            labelled = self._label(draft, accepted, verdict.next_token)
+            for (token, kind), logprob in zip(labelled, logprobs, strict=True):
+                piece, finish_reason = self._emit(token, kind, start, logprob)
                 yield piece
                 if finish_reason:
                     break
@@ -388,15 +396,30 @@ class Generation:
         """Greedy or the invariant rule: each position's token is the target's own choice."""
         return self.settings.sampling.greedy or self.settings.rule == SamplingRule.INVARIANT
 
-    def _verify(self, draft: Draft) -> tuple[Verdict, float]:
+    def _verify(self, draft: Draft) -> tuple[Verdict, float, np.ndarray | None]:
+        """The verdict, the time it took and the target's logit rows (None where only their
+        choices came back)."""
         began = time.perf_counter()
-        if self.settings.sampling.greedy and self._constraint is None:
+        greedy = self.settings.sampling.greedy and self._constraint is None
+        if greedy and self.settings.logprobs is None:
             # Only each row's argmax is read: where the target takes it on its device, the
             # rows never come to the host.
             verdict = greedy_accept(draft.tokens, self._target_rows(draft, choices_for_suffix))
+            return verdict, time.perf_counter() - began, None
+        rows = self._target_rows(draft, logits_for_suffix)
+        if greedy:
+            verdict = greedy_accept(draft.tokens, ArgmaxRows(rows))
         else:
-            verdict = self._sampled_verdict(draft, self._target_rows(draft, logits_for_suffix))
-        return verdict, time.perf_counter() - began
+            verdict = self._sampled_verdict(draft, rows)
+        return verdict, time.perf_counter() - began, rows
+
+    def _logprobs(self, rows: np.ndarray | None, emitted: list[int]) -> list[TokenLogprob | None]:
+        """The log-probability of each token a round emits (row i decided its i-th token),
+        read before the target's next decode can overwrite the rows."""
+        n_top = self.settings.logprobs
+        if rows is None or n_top is None:
+            return [None] * len(emitted)
+        return [token_logprob(rows[i], token, n_top) for i, token in enumerate(emitted)]
 
     def _target_rows(self, draft: Draft, read: Callable[..., Rows]) -> Rows:
         """One batched decode: the last accepted token plus every draft token, a row each,
@@ -460,7 +483,9 @@ class Generation:
         else:
             yield next_token, TokenKind.BONUS
 
-    def _emit(self, token: int, kind: TokenKind, start: float) -> tuple[Piece, FinishReason | None]:
+    def _emit(
+        self, token: int, kind: TokenKind, start: float, logprob: TokenLogprob | None
+    ) -> tuple[Piece, FinishReason | None]:
         if self.stats.first_token_seconds is None:
             self.stats.first_token_seconds = time.perf_counter() - start
         if self.target.is_end_of_generation(token):
@@ -470,4 +495,4 @@ class Generation:
         self._context.append(token)
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
-        return Piece(token, kind, text), FinishReason.STOP_STRING if hit_stop else None
+        return Piece(token, kind, text, logprob), FinishReason.STOP_STRING if hit_stop else None

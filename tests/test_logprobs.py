@@ -1,0 +1,109 @@
+"""Emitted tokens' log-probabilities (decoding/logprobs.py): the log-softmax of the target's
+raw row at each position, the same with a drafter as without one (exact mode), and only
+computed where asked for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import FakeBackend, FixedDrafter, model_drafter, sequence_model, table_model
+
+from specdec_cli.decoding.drafters import ModelDrafter
+from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings, Piece
+from specdec_cli.decoding.logprobs import token_logprob
+from specdec_cli.decoding.sampling import SamplingSettings
+from specdec_cli.llama.backend import LlamaBackend
+
+GREEDY = SamplingSettings(temperature=0.0)
+SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)
+PROMPT = [0, 1, 2]
+
+
+def log_softmax(row) -> np.ndarray:
+    row = np.asarray(row, dtype=np.float64)
+    return row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+
+
+def test_a_tokens_logprob_is_the_log_softmax_of_its_row():
+    row = np.random.default_rng(3).normal(0.0, 4.0, 1000).astype(np.float32)
+    expected = log_softmax(row)
+    result = token_logprob(row, 17, 5)
+    assert result.token == 17
+    assert result.logprob == pytest.approx(expected[17], abs=1e-5)
+    best = np.argsort(-expected)[:5]
+    assert [token for token, _ in result.top] == list(best)
+    assert [lp for _, lp in result.top] == pytest.approx(list(expected[best]), abs=1e-5)
+    assert token_logprob(row, 17, 0).top == ()
+
+
+def test_tied_alternatives_come_in_token_order():
+    row = np.array([0.0, 3.0, 1.0, 3.0, 3.0], dtype=np.float32)
+    result = token_logprob(row, 0, 4)
+    assert [token for token, _ in result.top] == [1, 3, 4, 2]
+    assert sum(np.exp(lp) for _, lp in result.top) + np.exp(result.logprob) == pytest.approx(1.0)
+
+
+def table_target() -> FakeBackend:
+    return FakeBackend(table_model(10, seed=7, context=2), n_vocab=10)
+
+
+def logprob_pieces(
+    target, settings: GenerationSettings, drafter=None, prompt=PROMPT
+) -> list[Piece]:
+    events = list(Generation(target, prompt, settings, drafter).events())
+    assert isinstance(events[-1], Finished)
+    return [e for e in events if isinstance(e, Piece) and e.token is not None]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("drafter", [None, "fixed", "model"])
+def test_each_emitted_token_gets_its_rows_logprob(sampling, drafter):
+    settings = GenerationSettings(max_tokens=30, draft_max=4, sampling=sampling, seed=5, logprobs=3)
+    target = table_target()
+    drafters = {None: None, "fixed": FixedDrafter([4, 5, 6]), "model": model_drafter(target)}
+    pieces = logprob_pieces(target, settings, drafters[drafter])
+    context = list(PROMPT)
+    for piece in pieces:
+        assert piece.logprob is not None and piece.logprob.token == piece.token
+        expected = log_softmax(target.logits_fn(tuple(context)))
+        assert piece.logprob.logprob == pytest.approx(expected[piece.token], abs=1e-5)
+        assert [t for t, _ in piece.logprob.top] == list(np.argsort(-expected)[:3])
+        context.append(piece.token)
+    assert len(pieces) > 5
+
+
+def test_no_logprobs_unless_asked():
+    pieces = logprob_pieces(table_target(), GenerationSettings(max_tokens=12, sampling=GREEDY))
+    assert pieces and all(piece.logprob is None for piece in pieces)
+
+
+def test_the_end_of_generation_token_gets_none():
+    """It ends the answer and is not in its text or tokens, so not in their logprobs."""
+    target = FakeBackend(sequence_model([4, 5, 9], 3, 10), n_vocab=10, end_of_generation=[9])
+    pieces = logprob_pieces(target, GenerationSettings(sampling=GREEDY, logprobs=0))
+    assert [p.token for p in pieces] == [4, 5, 9]
+    assert [p.logprob is None for p in pieces] == [False, False, True]
+
+
+@pytest.mark.parametrize("device_choices", [False, True])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_drafter_changes_no_logprob_in_exact_mode(tiny_models, sampling, device_choices):
+    """Bit for bit: the rows that verify drafts are the rows the target alone computes."""
+
+    def backend(path) -> LlamaBackend:
+        return LlamaBackend(path, n_ctx=256, n_threads=2, exact=True, device_choices=device_choices)
+
+    settings = GenerationSettings(max_tokens=40, draft_max=6, sampling=sampling, seed=11,
+                                  logprobs=4)  # fmt: skip
+    target, drafter = backend(tiny_models.target), backend(tiny_models.close_drafter)
+    try:
+        prompt = target.tokenize("the cat sat on the mat and", add_special=True)
+        alone = logprob_pieces(target, settings, prompt=prompt)
+        target.truncate(0)
+        drafted = logprob_pieces(target, settings, ModelDrafter(drafter), prompt)
+    finally:
+        target.close()
+        drafter.close()
+    assert [p.token for p in drafted] == [p.token for p in alone]
+    assert [p.logprob for p in drafted] == [p.logprob for p in alone]
+    assert sum(p.kind.value == "accepted" for p in drafted) > 5  # the drafter was right often
