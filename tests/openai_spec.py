@@ -60,6 +60,8 @@ RANGES: dict[tuple[str, str], dict] = {
         }.items()
     },
     (CHAT_REQUEST, "max_completion_tokens"): {"minimum": 1},
+    (CHAT_REQUEST, "top_logprobs"): {"minimum": 0, "maximum": 20},
+    (TEXT_REQUEST, "logprobs"): {"minimum": 0, "maximum": 5},
     (CHAT_REQUEST, "messages"): {"minItems": 1},
     ("JSONSchema", "name"): {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
     ("FunctionDefinition", "name"): {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
@@ -118,8 +120,6 @@ _SAMPLING_NEUTRAL = {
 NEUTRAL_ONLY: dict[str, dict[str, dict]] = {
     CHAT_REQUEST: {
         **_SAMPLING_NEUTRAL,
-        "logprobs": _neutral(False),
-        "top_logprobs": _neutral(0),
         "service_tier": _neutral("auto", "default"),
         "modalities": _nullable({"type": "array", "items": {"const": "text"}}),
     },
@@ -127,7 +127,6 @@ NEUTRAL_ONLY: dict[str, dict[str, dict]] = {
         **_SAMPLING_NEUTRAL,
         "best_of": _neutral(1),
         "echo": _neutral(False),
-        "logprobs": _neutral(0),
         "suffix": _neutral(""),
         # One prompt, as text.
         "prompt": {
@@ -208,6 +207,16 @@ def _trim(schemas: dict) -> None:
         schemas[name]["dependentSchemas"] = {
             "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]}
         }
+    # "`logprobs` must be set to `true` if this parameter is used" (top_logprobs); specdec
+    # takes 0, which asks for no alternatives, as the field left out.
+    schemas[CHAT_REQUEST]["if"] = {
+        "properties": {"top_logprobs": {"type": "integer", "minimum": 1}},
+        "required": ["top_logprobs"],
+    }
+    schemas[CHAT_REQUEST]["then"] = {
+        "properties": {"logprobs": {"const": True}},
+        "required": ["logprobs"],
+    }
     for schema in _subschemas(schemas):
         if "anyOf" in schema:
             schema["anyOf"] = [s for s in schema["anyOf"] if _ref_name(s) not in REFUSED_BRANCHES]

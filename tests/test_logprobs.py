@@ -1,6 +1,6 @@
 """Emitted tokens' log-probabilities (decoding/logprobs.py): the log-softmax of the target's
 raw row at each position, the same with a drafter as without one (exact mode), and only
-computed where asked for."""
+computed where asked for; and in OpenAI's shapes (serve/responses.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,25 @@ import pytest
 from fakes import FakeBackend, FixedDrafter, model_drafter, sequence_model, table_model
 
 from specdec_cli.decoding.drafters import ModelDrafter
-from specdec_cli.decoding.engine import Finished, Generation, GenerationSettings, Piece
+from specdec_cli.decoding.engine import (
+    Finished,
+    FinishReason,
+    Generation,
+    GenerationSettings,
+    GenerationStats,
+    Piece,
+)
 from specdec_cli.decoding.logprobs import token_logprob
 from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.llama.backend import LlamaBackend
+from specdec_cli.serve.responses import (
+    Answer,
+    Delta,
+    ResponseIds,
+    TextShape,
+    TokenLogprobs,
+    ToolCallShape,
+)
 
 GREEDY = SamplingSettings(temperature=0.0)
 SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)
@@ -107,3 +122,43 @@ def test_a_drafter_changes_no_logprob_in_exact_mode(tiny_models, sampling, devic
     assert [p.token for p in drafted] == [p.token for p in alone]
     assert [p.logprob for p in drafted] == [p.logprob for p in alone]
     assert sum(p.kind.value == "accepted" for p in drafted) > 5  # the drafter was right often
+
+
+# ---- in OpenAI's shapes (serve/responses.py) -------------------------------------------------
+
+
+def logged(text: str, logprob: float = -0.5) -> TokenLogprobs:
+    return TokenLogprobs(text.encode(), logprob, ((text.encode(), logprob), (b"?", -3.0)))
+
+
+def streamed_logprobs(chunks: list[dict]) -> list[str]:
+    return [
+        entry["token"]
+        for chunk in chunks
+        if chunk["choices"] and chunk["choices"][0]["logprobs"]
+        for entry in chunk["choices"][0]["logprobs"]["content"]
+    ]
+
+
+def test_a_held_tool_call_sends_its_tokens_logprobs_with_the_calls():
+    names = ["get_weather"]
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    tokens = ["Let me check. ", *call[:40], call[40:]]  # content, then the call held back
+    shape, ids = ToolCallShape(names), ResponseIds.new("chatcmpl", "m")
+    chunks = [c for t in tokens if (c := shape.delta(ids, Delta(t, (logged(t),)), False))]
+    assert streamed_logprobs(chunks) == ["Let me check. "]  # the call's text is held
+    answer = Answer(Finished("".join(tokens), [], FinishReason.STOP, GenerationStats()), 9, 0)
+    closing = shape.closing(ids, answer, False)
+    assert closing[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert streamed_logprobs(chunks + closing) == tokens  # every token's, once, in order
+
+
+def test_completions_logprobs_count_each_tokens_offset_across_chunks():
+    shape, ids = TextShape(), ResponseIds.new("cmpl", "m")
+    first = shape.delta(ids, Delta("héllo", (logged("hé"), logged("llo"))), False)
+    second = shape.delta(ids, Delta(" you", (logged(" you"),)), False)
+    assert first is not None and second is not None
+    columns = [chunk["choices"][0]["logprobs"] for chunk in (first, second)]
+    assert [c["tokens"] for c in columns] == [["hé", "llo"], [" you"]]
+    assert [c["text_offset"] for c in columns] == [[0, 2], [5]]
+    assert columns[0]["top_logprobs"][0] == {"hé": -0.5, "?": -3.0}

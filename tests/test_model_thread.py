@@ -28,7 +28,7 @@ from specdec_cli.serve.model_thread import (
     Started,
     TextPrompt,
 )
-from specdec_cli.serve.responses import Answer
+from specdec_cli.serve.responses import Answer, Delta
 from specdec_cli.services.lifecycle import Slot
 
 
@@ -62,7 +62,8 @@ def test_started_then_text_then_the_answer(models):
     started, *texts, answer = messages
     assert isinstance(started, Started) and started.prompt_tokens > 1
     assert isinstance(answer, Answer)
-    assert "".join(texts) == answer.finished.text
+    assert "".join(delta.text for delta in texts) == answer.finished.text
+    assert answer.logprobs is None and all(delta.logprobs == () for delta in texts)
     assert answer.finished.stats.generated == 12
 
 
@@ -311,7 +312,7 @@ def test_a_client_that_leaves_while_the_drafter_reads_the_prompt_frees_the_slot(
         job.cancel()
         blocking.go.set()
         last = await job.next()
-        while isinstance(last, str):  # text of the target's first token, maybe
+        while isinstance(last, Delta):  # text of the target's first token, maybe
             last = await job.next()
         assert isinstance(last, Failed)
         return last

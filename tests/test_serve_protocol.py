@@ -57,7 +57,8 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
     [
         ({"n": 3}, "n"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # needs logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # OpenAI's most: 20
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),

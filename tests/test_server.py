@@ -145,6 +145,61 @@ def test_completions_endpoint(client):
     assert answer.usage.completion_tokens == 12
 
 
+def test_chat_logprobs_are_the_answer_tokens_streamed_or_not(client):
+    answer = chat_answer(client, "the cat sat on", 24, logprobs=True, top_logprobs=3)
+    choice = answer.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == answer.usage.completion_tokens == 24
+    assert "".join(entry.token for entry in content) == choice.message.content
+    for entry in content:
+        assert bytes(entry.bytes).decode() == entry.token
+        alternatives = [alt.logprob for alt in entry.top_logprobs]
+        assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+        # greedy: each token is its position's likeliest
+        assert (entry.token, entry.logprob) == (entry.top_logprobs[0].token, alternatives[0])
+        assert entry.logprob <= 0
+    stream = chat_answer(client, "the cat sat on", 24, logprobs=True, top_logprobs=3, stream=True)
+    streamed = [
+        entry
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    assert chat_answer(client, "the cat sat on", 4).choices[0].logprobs is None
+
+
+def test_tokens_a_stop_string_cut_still_stream_their_logprobs(client):
+    plain = chat_answer(client, LONG_CHAT, 24, logprobs=True).choices[0].logprobs.content
+    stop = plain[10].token + plain[11].token  # held back as it grows, then cut
+    asked = {"logprobs": True, "stop": [stop]}
+    whole = chat_answer(client, LONG_CHAT, 24, **asked)
+    stream = chat_answer(client, LONG_CHAT, 24, stream=True, **asked)
+    streamed = [
+        entry.token
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert whole.choices[0].finish_reason == "stop"
+    cut = [entry.token for entry in whole.choices[0].logprobs.content]
+    assert streamed == cut == [entry.token for entry in plain[: len(cut)]]
+    assert len(cut) == whole.usage.completion_tokens
+
+
+def test_completion_logprobs_and_their_offsets(server):
+    choice = complete(server, "the cat", max_tokens=16, logprobs=2)["choices"][0]
+    columns, text = choice["logprobs"], choice["text"]
+    assert len(columns["tokens"]) == len(columns["token_logprobs"]) == 16
+    assert "".join(columns["tokens"]) == text
+    assert [
+        text[at:].startswith(t)
+        for at, t in zip(columns["text_offset"], columns["tokens"], strict=True)
+    ] == [True] * 16
+    assert all(len(top) == 2 for top in columns["top_logprobs"])
+    assert complete(server, "the cat", max_tokens=4)["choices"][0]["logprobs"] is None
+
+
 def test_a_conversation_reuses_the_cached_prefix(client):
     # exact mode keeps what the first request decoded as a fresh prefill would decode it (the
     # second answer must not depend on what is cached): tests/prompt_reuse.py

@@ -4,7 +4,8 @@ request at a time, on its own KV sequences; the slots' generated rows share each
 pass (models/rounds.py), and each answer stays the one it would get alone.
 
 The async side hands over a `Job` and reads what the model thread posts to it: `Started` once
-the prompt is tokenised and fits, then text deltas (str), then the `Answer`; or `Failed`.
+the prompt is tokenised and fits, then `Delta`s (text, and its tokens' logprobs where asked),
+then the `Answer`; or `Failed`.
 A job whose client went away is cancelled: the model thread checks between prompt steps
 (PREFILL_STEP tokens) and between engine events, and stops, which is all it takes to stop
 the engine (and free the slot).
@@ -38,6 +39,7 @@ from ..decoding.backend import (
 )
 from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
+from ..decoding.logprobs import TokenLogprob
 from ..decoding.modes import use_history
 from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
 from ..llama import rpc
@@ -45,7 +47,7 @@ from ..models.loading import ModelPair
 from ..services.lifecycle import Slot
 from ..services.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
 from ..structured import StructureError
-from .responses import Answer
+from .responses import Answer, Delta, TokenLogprobs
 
 # A request's prompt is decoded this many tokens at a time, so that a client that leaves
 # during a long prompt frees its slot within one step (about a second for a 1.5B target on
@@ -133,7 +135,7 @@ class Failed:
     error: ServeError
 
 
-Message = Started | str | Answer | Failed
+Message = Started | Delta | Answer | Failed
 
 
 class Job:
@@ -423,14 +425,16 @@ class ModelThread:
         ):
             _prefill(target, prompt, cached, job)  # a slot's prompt decodes take its turns
             try:
-                finished = _follow(generation, job)
+                finished, logprobs = _follow(generation, job, target)
             except DecodeStopped:  # in the middle of a round
                 answered = len(generation.tokens)
                 raise client_gone(f"in a long decode, after {answered} answer tokens") from None
         if finished is not None and history is not None:
             with self._histories_lock:  # a resent conversation: its new part
                 history.add_turn(prompt, finished.tokens)
-        job.post(Answer(finished or generation.interrupted(), len(prompt), cached))
+        asked = settings.logprobs is not None
+        answer = finished or generation.interrupted()
+        job.post(Answer(answer, len(prompt), cached, tuple(logprobs) if asked else None))
 
 
 def _prefill(target: Backend, prompt: list[int], cached: int, job: Job) -> None:
@@ -451,20 +455,38 @@ def _prefill(target: Backend, prompt: list[int], cached: int, job: Job) -> None:
         done = end
 
 
-def _follow(generation: Generation, job: Job) -> Finished | None:
-    """Post the generation's text to the job; how it finished (None: the client left)."""
+def _follow(
+    generation: Generation, job: Job, target: Backend
+) -> tuple[Finished | None, list[TokenLogprobs]]:
+    """Post the generation's text to the job, each piece with the logprobs of the tokens
+    since the last (a token whose text is held back, as a stop string's start, goes with
+    the next); how it finished (None: the client left) and every token's logprobs."""
+    logprobs: list[TokenLogprobs] = []
+    sent = 0
     events = generation.events()
     try:
         for event in events:
             if job.cancelled:  # the client went away: stop here, between two rounds
-                return None
-            if isinstance(event, Piece) and event.text:
-                job.post(event.text)
+                return None, logprobs
+            if isinstance(event, Piece):
+                if event.logprob is not None:
+                    logprobs.append(_spelled(target, event.logprob))
+                if event.text:
+                    job.post(Delta(event.text, tuple(logprobs[sent:])))
+                    sent = len(logprobs)
             elif isinstance(event, Finished):
-                return event
+                if sent < len(logprobs):  # tokens whose text a stop string cut
+                    job.post(Delta("", tuple(logprobs[sent:])))
+                return event, logprobs
     finally:
         events.close()
-    return None
+    return None, logprobs
+
+
+def _spelled(target: Backend, logprob: TokenLogprob) -> TokenLogprobs:
+    """With each token spelled as the vocabulary spells it (control tokens too)."""
+    top = tuple((target.token_spelling(token), value) for token, value in logprob.top)
+    return TokenLogprobs(target.token_spelling(logprob.token), logprob.logprob, top)
 
 
 def _tokens(target: Backend, prompt: ChatPrompt | TextPrompt) -> list[int]:

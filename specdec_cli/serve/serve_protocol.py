@@ -10,7 +10,7 @@ endpoints; a schema keyword the grammar would ignore is a 400 naming it (structu
 
 Requests are validated strictly: a field of the wrong type, out of range or unknown is a
 400, as OpenAI answers. Fields OpenAI defines that specdec does not implement (`n`,
-penalties, logprobs, tools ...) are accepted at their neutral value, which clients often
+penalties, `best_of` ...) are accepted at their neutral value, which clients often
 send explicitly, and refused otherwise, so an answer never silently ignores a request.
 """
 
@@ -26,6 +26,8 @@ from ..structured import Structure, StructureError
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 SEED_BITS = 64  # OpenAI's seed is a signed 64-bit integer
+MAX_TOP_LOGPROBS = 20  # chat completions' top_logprobs, as OpenAI's API
+MAX_TEXT_LOGPROBS = 5  # completions' logprobs (alternatives a token), as OpenAI's API
 
 # ---- errors ---------------------------------------------------------------------------------
 
@@ -281,7 +283,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Integer | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: Integer | None = None
+    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -291,6 +293,10 @@ class ChatCompletionRequest(_Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def logprob_alternatives(self) -> int | None:
+        """How many alternatives each token's log-probability comes with; None: none."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def structure(self) -> Structure | None:
         forced = self.forced_functions()
@@ -342,8 +348,8 @@ class ChatCompletionRequest(_Sampling):
     def check_supported(self) -> None:
         self._check_tools()  # before the structure a forced call makes of them
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise bad_request("logprobs are not supported.", "logprobs")
+        if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: a neutral value
+            raise bad_request("top_logprobs needs logprobs: true.", "top_logprobs")
         if self.reasoning_effort is not None:
             raise bad_request(
                 "reasoning_effort is not supported: this server's model does not reason "
@@ -411,10 +417,13 @@ class CompletionRequest(_Sampling):
     echo: bool | None = None
     suffix: str | None = None
     best_of: Integer | None = None
-    logprobs: Integer | None = None
+    logprobs: Integer | None = Field(None, ge=0, le=MAX_TEXT_LOGPROBS)
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, str):
@@ -437,8 +446,6 @@ class CompletionRequest(_Sampling):
             raise bad_request("suffix (fill in the middle) is not supported.", "suffix")
         if self.best_of not in (None, 1):
             raise bad_request("only best_of=1 is supported.", "best_of")
-        if self.logprobs:
-            raise bad_request("logprobs are not supported.", "logprobs")
         self.prompt_text()
 
 

@@ -34,7 +34,15 @@ from .model_thread import (
     shutting_down,
 )
 from .render_serve import RequestLog, RequestRecord
-from .responses import Answer, ChatShape, ResponseIds, TextShape, ToolCallShape, model_card
+from .responses import (
+    Answer,
+    ChatShape,
+    Delta,
+    ResponseIds,
+    TextShape,
+    ToolCallShape,
+    model_card,
+)
 from .serve_protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -128,6 +136,7 @@ class ServerState:
             sampling=replace(base.sampling, **given),
             seed=base.seed if request.seed is None else request.engine_seed(),
             structure=request.structure(),
+            logprobs=request.logprob_alternatives(),
         )
 
     def _check_token_limit(self, request: ChatCompletionRequest | CompletionRequest) -> None:
@@ -421,7 +430,7 @@ async def _events(
             yield _sse(chunk)
         while not ended:
             message = await job.next()
-            if isinstance(message, str):
+            if isinstance(message, Delta):
                 delta = shape.delta(ids, message, with_usage)
                 if delta is not None:  # a tool call's text is held back
                     yield _sse(delta)
