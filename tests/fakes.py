@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_cli.decoding.backend import ArgmaxRows, Choices, VocabInfo, kept_prefix
+from specdec_cli.decoding.backend import ArgmaxRows, Choices, FillInMiddle, VocabInfo, kept_prefix
 from specdec_cli.decoding.drafters import Draft, Drafter, DraftSource, ModelDrafter, Outcome
 from specdec_cli.decoding.sampling import Distribution, SamplingSettings, TokenChooser
 from specdec_cli.errors import ModelFileError
@@ -167,6 +167,9 @@ class FakeBackend:
             add_bos=self.bos is not None,
             add_eos=False,
         )
+
+    def fill_in_middle(self) -> FillInMiddle | None:
+        return None  # as a chat model's vocabulary
 
     def token_text(self, token: int) -> str:
         return self.token_bytes(token).decode("utf-8", errors="replace")

@@ -127,7 +127,6 @@ NEUTRAL_ONLY: dict[str, dict[str, dict]] = {
         **_SAMPLING_NEUTRAL,
         "best_of": _neutral(1),
         "echo": _neutral(False),
-        "suffix": _neutral(""),
         # One prompt, as text.
         "prompt": {
             "anyOf": [

@@ -33,6 +33,7 @@ DOCUMENTED_REFUSALS = {
         "a JSON-schema keyword the grammar would ignore",
     (r"messages\.\d+\.tool_calls\.\d+\.function\.arguments", ".*"):
         "an earlier call's arguments that are not a JSON object",
+    ("suffix", ".*"): "a suffix for a model without fill-in-the-middle tokens",
 }  # fmt: skip
 
 

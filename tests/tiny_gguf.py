@@ -173,6 +173,19 @@ def incompatible_vocab() -> Vocab:
     return Vocab(tuple(tokens), base.scores, base.types)
 
 
+FILL_IN_MIDDLE = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")  # Qwen2.5-Coder's
+
+
+def fill_in_middle_vocab() -> Vocab:
+    """DEFAULT_VOCAB with a code model's fill-in-the-middle control tokens appended, which
+    llama.cpp finds by their text."""
+    base, n = DEFAULT_VOCAB, len(FILL_IN_MIDDLE)
+    control = int(gguf.TokenType.CONTROL)
+    return Vocab(
+        base.tokens + FILL_IN_MIDDLE, base.scores + (0.0,) * n, base.types + (control,) * n
+    )
+
+
 def padded_vocab(n_extra: int) -> Vocab:
     """DEFAULT_VOCAB with `n_extra` NORMAL tokens appended (same ids for everything else)."""
     return make_vocab(extra_tokens=[f"{SPIECE_SPACE}extra{i}" for i in range(n_extra)])

@@ -48,6 +48,7 @@ from .options import (
 )
 from .shared import (
     SharedOptions,
+    check_fill_in_middle,
     drafting_mode,
     forced_tool_call,
     read_predict_option,
@@ -138,6 +139,14 @@ def run(
             "name (it must call that one): a forced call matches the tool's parameters.",
         ),
     ] = "auto",
+    suffix: Annotated[
+        str | None,
+        typer.Option(
+            "--suffix",
+            help="Fill in the middle: the prompt is the code before the gap and this the code "
+            "after it (a code model's fill-in-the-middle tokens, no chat template).",
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON record.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -149,6 +158,7 @@ def run(
     with user_errors():
         mode = drafting_mode(drafter, no_draft, draft)
         hardware = shared.hardware()
+        check_fill_in_middle(suffix, system, tools)
         functions = read_tools_option(tools, tool_choice, raw)
         structure = read_structure(json_schema, grammar)
         structure = forced_tool_call(functions, tool_choice, structure)
@@ -160,6 +170,8 @@ def run(
         decode = shared.request(target_path, draft_path, mode, hardware)
         decode = replace(decode, structure=structure)
         offered = tuple(functions) if tool_choice != "none" else ()
-        request = RunRequest(decode, text, raw, verify, prediction, history, prompt_cache, offered)
+        request = RunRequest(
+            decode, text, raw, verify, prediction, history, prompt_cache, offered, suffix
+        )
         code = run_once(request, json_output=json_output)
     raise typer.Exit(code)

@@ -229,6 +229,18 @@ def read_tools_option(path: Path | None, choice: str, raw: bool) -> list[Functio
     return functions
 
 
+def check_fill_in_middle(suffix: str | None, system: str | None, tools: Path | None) -> None:
+    """--suffix lays out raw text with fill-in-the-middle tokens: no chat template."""
+    if suffix is None:
+        return
+    for given, option in ((system, "--system"), (tools, "--tools")):
+        if given is not None:
+            raise BadUsageError(
+                f"--suffix fills in the middle of raw text, but {option} needs the chat template.",
+                "Drop one.",
+            )
+
+
 def forced_tool_call(
     functions: list[Function], choice: str, structure: Structure | None
 ) -> Structure | None:

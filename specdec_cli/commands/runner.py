@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import render
+from ..decoding.backend import Backend
 from ..decoding.comparison import Comparison, compare_outputs
 from ..decoding.costs import CostModel
 from ..decoding.drafters import Drafter
@@ -25,7 +26,12 @@ from ..services.drafting import load_history
 from ..services.history_file import HistoryFile
 from ..services.lifecycle import loaded_pair
 from ..services.prompt_cache import PromptCache, StatefulBackend, prompt_cache_key
-from ..services.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
+from ..services.prompting import (
+    check_prompt_fits,
+    fill_in_middle_tokens,
+    prediction_tokens,
+    prompt_tokens,
+)
 from ..services.tool_calls import Function, HeldText, ToolCall, split_calls, template_speaks_tools
 from ..structured import StructureError
 
@@ -45,9 +51,11 @@ class RunRequest:
     history: Path | None = None  # --history: a folder of earlier prompts and answers
     prompt_cache: Path | None = None  # --prompt-cache: a folder of saved KV states
     tools: tuple[Function, ...] = ()  # --tools, offered to the model (none: --tool-choice none)
+    suffix: str | None = None  # --suffix: fill in the middle, between the prompt and this
 
     def settings_record(self) -> dict:
         record = {**self.decode.record(), "raw": self.raw, "predicted": self.prediction is not None}
+        record["fill_in_middle"] = self.suffix is not None
         return record | ({"tools": [f.name for f in self.tools]} if self.tools else {})
 
     def template_tools(self) -> list[dict] | None:
@@ -78,6 +86,18 @@ class _ToolAnswer:
         return split_calls(text, self.names)
 
 
+def _prompt_tokens(request: RunRequest, target: Backend) -> list[int]:
+    if request.suffix is not None:
+        return fill_in_middle_tokens(target, request.prompt, request.suffix)
+    return prompt_tokens(
+        target,
+        request.prompt,
+        system=request.decode.system,
+        raw=request.raw,
+        tools=request.template_tools(),
+    )
+
+
 def run_once(
     request: RunRequest, *, json_output: bool, loader: ModelLoader = load_with_llama_cpp
 ) -> int:
@@ -88,13 +108,7 @@ def run_once(
             loaded = lifetime.enter_context(loaded_pair(request.decode, loader))
             pair = loaded.pair
             _check_template_speaks_tools(request, pair)
-            prompt = prompt_tokens(
-                pair.target,
-                request.prompt,
-                system=request.decode.system,
-                raw=request.raw,
-                tools=request.template_tools(),
-            )
+            prompt = _prompt_tokens(request, pair.target)
             drafter = loaded.prepare(len(prompt) + request.decode.max_tokens)
             memory = _Memory.open(request, pair, drafter, err)
         check_prompt_fits(prompt, pair.target.n_ctx)

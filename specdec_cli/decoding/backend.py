@@ -30,6 +30,17 @@ class VocabInfo:
     add_eos: bool
 
 
+@dataclass(frozen=True)
+class FillInMiddle:
+    """The control tokens a code model was trained to fill in the middle with: the text
+    before the gap after `prefix`, the text after it after `suffix`, then `middle`, after
+    which the model writes what goes in the gap."""
+
+    prefix: int
+    suffix: int
+    middle: int
+
+
 class DecodeStopped(Exception):
     """A decode given up between two of its chunks, because its caller asked (stoppable)."""
 
@@ -190,6 +201,10 @@ class Backend(Decoder, Protocol):
         ...
 
     def vocab_info(self) -> VocabInfo: ...
+
+    def fill_in_middle(self) -> FillInMiddle | None:
+        """The vocabulary's fill-in-the-middle tokens; None where it has none."""
+        ...
 
     def token_text(self, token: int) -> str:
         """The token's text as stored in the vocabulary (used for compatibility checks)."""

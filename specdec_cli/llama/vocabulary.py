@@ -8,7 +8,7 @@ import ctypes
 import jinja2  # llama-cpp-python's chat formatter renders with it
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from ..decoding.backend import VocabInfo
+from ..decoding.backend import FillInMiddle, VocabInfo
 from ..decoding.constraint import Constraint, plain_spelling
 from ..errors import ChatTemplateError, ModelFileError
 from ..structured import Structure, StructureError
@@ -68,6 +68,15 @@ class VocabularyMixin(ContextState):
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
             add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
         )
+
+    def fill_in_middle(self) -> FillInMiddle | None:
+        v = self._vocab
+        marks = [
+            int(llama_cpp.llama_vocab_fim_pre(v)),
+            int(llama_cpp.llama_vocab_fim_suf(v)),
+            int(llama_cpp.llama_vocab_fim_mid(v)),
+        ]
+        return FillInMiddle(*marks) if min(marks) >= 0 else None  # LLAMA_TOKEN_NULL: -1
 
     def token_text(self, token: int) -> str:
         return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")

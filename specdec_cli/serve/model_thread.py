@@ -41,11 +41,22 @@ from ..decoding.engine import Finished, Generation, GenerationSettings, Piece
 from ..decoding.history import HistoryIndex
 from ..decoding.logprobs import TokenLogprob
 from ..decoding.modes import use_history
-from ..errors import ChatTemplateError, ContextOverflowError, DecodeError, SpecdecError
+from ..errors import (
+    ChatTemplateError,
+    ContextOverflowError,
+    DecodeError,
+    ModelFileError,
+    SpecdecError,
+)
 from ..llama import rpc
 from ..models.loading import ModelPair
 from ..services.lifecycle import Slot
-from ..services.prompting import check_prompt_fits, prediction_tokens, prompt_tokens
+from ..services.prompting import (
+    check_prompt_fits,
+    fill_in_middle_tokens,
+    prediction_tokens,
+    prompt_tokens,
+)
 from ..structured import StructureError
 from .responses import Answer, Delta, TokenLogprobs
 
@@ -122,6 +133,7 @@ class ChatPrompt:
 @dataclass(frozen=True)
 class TextPrompt:
     text: str  # raw completion: as `specdec run --raw`
+    suffix: str | None = None  # the text after the gap, for a fill-in-the-middle prompt
 
 
 @dataclass(frozen=True)
@@ -490,7 +502,13 @@ def _spelled(target: Backend, logprob: TokenLogprob) -> TokenLogprobs:
 
 
 def _tokens(target: Backend, prompt: ChatPrompt | TextPrompt) -> list[int]:
-    if isinstance(prompt, TextPrompt):
+    if isinstance(prompt, TextPrompt) and prompt.suffix:
+        try:
+            tokens = fill_in_middle_tokens(target, prompt.text, prompt.suffix)
+        except ModelFileError as error:
+            said = str(error)  # the command line's sentence, as a sentence of its own
+            raise bad_prompt(said[0].upper() + said[1:], "suffix") from None
+    elif isinstance(prompt, TextPrompt):
         tokens = prompt_tokens(target, prompt.text, system=None, raw=True)
     else:
         if target.chat_template() is None:

@@ -442,8 +442,6 @@ class CompletionRequest(_Sampling):
         super().check_supported()
         if self.echo:
             raise bad_request("echo is not supported.", "echo")
-        if self.suffix:
-            raise bad_request("suffix (fill in the middle) is not supported.", "suffix")
         if self.best_of not in (None, 1):
             raise bad_request("only best_of=1 is supported.", "best_of")
         self.prompt_text()

@@ -272,7 +272,7 @@ def _chat_prompt(state: ServerState) -> Callable[[ChatCompletionRequest], ChatPr
 
 
 def _text_prompt(request: CompletionRequest) -> TextPrompt:
-    return TextPrompt(request.prompt_text())
+    return TextPrompt(request.prompt_text(), request.suffix or None)
 
 
 def _logged(request: Request, state: ServerState, body: Callable[[], dict]) -> Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..decoding.backend import Backend, encode_chat
-from ..errors import BadUsageError, ContextOverflowError
+from ..errors import BadUsageError, ContextOverflowError, ModelFileError
 
 
 def chat_messages(user_text: str, system: str | None) -> list[dict[str, str]]:
@@ -21,6 +21,29 @@ def prompt_tokens(
     if raw:
         return target.tokenize(text, add_special=True)
     return encode_chat(target, chat_messages(text, system), tools)
+
+
+def fill_in_middle_tokens(target: Backend, prefix: str, suffix: str) -> list[int]:
+    """The prompt that asks a code model for what goes between `prefix` and `suffix`, as
+    llama-server's /infill lays it out: [BOS] <prefix mark> prefix <suffix mark> suffix
+    <middle mark>."""
+    marks = target.fill_in_middle()
+    if marks is None:
+        raise ModelFileError(
+            "this model was not trained to fill in the middle: its vocabulary has no "
+            "fill-in-the-middle tokens.",
+            "Leave the suffix out, or use a code model trained for it (Qwen2.5-Coder, "
+            "CodeLlama, StarCoder2).",
+        )
+    info = target.vocab_info()
+    return [
+        *([info.bos] if info.add_bos and info.bos >= 0 else []),
+        marks.prefix,
+        *target.tokenize(prefix, add_special=False),
+        marks.suffix,
+        *target.tokenize(suffix, add_special=False),
+        marks.middle,
+    ]
 
 
 def read_prediction(path: Path) -> str:
