@@ -63,6 +63,14 @@ def test_a_model_without_the_tokens_cannot_fill_in_the_middle(tiny_models):
         target.close()
 
 
+def filling_prompt(model) -> list[int]:
+    target = LlamaBackend(model, n_ctx=256, n_threads=1)
+    try:
+        return fill_in_middle_tokens(target, PREFIX, SUFFIX)
+    finally:
+        target.close()
+
+
 def alone(model, prompt: list[int], max_tokens: int) -> str:
     target = LlamaBackend(model, n_ctx=256, n_threads=1, exact=True)
     try:
@@ -82,11 +90,7 @@ def test_serve_fills_in_the_middle_with_the_targets_own_answer(coder, tiny_model
         answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
     finally:
         assert server.stop() == 0, "\n".join(server.lines)
-    target = LlamaBackend(coder, n_ctx=256, n_threads=1)
-    try:
-        prompt = fill_in_middle_tokens(target, PREFIX, SUFFIX)
-    finally:
-        target.close()
+    prompt = filling_prompt(coder)
     assert answer["usage"]["prompt_tokens"] == len(prompt)
     assert answer["choices"][0]["text"] == alone(coder, prompt, 24)
     assert answer["usage"]["specdec"]["drafted"] > 0  # prompt lookup drafted from both sides
@@ -119,11 +123,7 @@ def test_run_fills_in_the_middle_with_the_targets_own_answer(coder):
     result = run_fill(coder, "--drafter", "ngram", "--verify", "--json")
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
-    target = LlamaBackend(coder, n_ctx=256, n_threads=1)
-    try:
-        prompt = fill_in_middle_tokens(target, PREFIX, SUFFIX)
-    finally:
-        target.close()
+    prompt = filling_prompt(coder)
     assert record["stats"]["prompt_tokens"] == len(prompt)
     assert record["text"] == alone(coder, prompt, 24)
     assert record["settings"]["fill_in_middle"] is True

@@ -51,11 +51,21 @@ def test_a_tokens_logprob_is_the_log_softmax_of_its_row():
     assert token_logprob(row, 17, 0).top == ()
 
 
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0, 10.0])  # a flat row to a peaked one
+@pytest.mark.parametrize("n_top", [1, 5, 20])
+def test_the_alternatives_are_the_rows_best_however_flat_it_is(scale, n_top):
+    row = np.random.default_rng(int(scale * 10)).normal(0.0, scale, 151936).astype(np.float32)
+    best = token_logprob(row, 0, n_top).top
+    assert [token for token, _ in best] == list(np.argsort(-row, kind="stable")[:n_top])
+
+
 def test_tied_alternatives_come_in_token_order():
     row = np.array([0.0, 3.0, 1.0, 3.0, 3.0], dtype=np.float32)
     result = token_logprob(row, 0, 4)
     assert [token for token, _ in result.top] == [1, 3, 4, 2]
     assert sum(np.exp(lp) for _, lp in result.top) + np.exp(result.logprob) == pytest.approx(1.0)
+    flat = np.zeros(5000, dtype=np.float32)  # more ties than are sorted: the first ids win
+    assert [token for token, _ in token_logprob(flat, 0, 3).top] == [0, 1, 2]
 
 
 def table_target() -> FakeBackend:
