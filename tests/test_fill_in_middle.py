@@ -93,7 +93,6 @@ def test_serve_fills_in_the_middle_with_the_targets_own_answer(coder, tiny_model
     prompt = filling_prompt(coder)
     assert answer["usage"]["prompt_tokens"] == len(prompt)
     assert answer["choices"][0]["text"] == alone(coder, prompt, 24)
-    assert answer["usage"]["specdec"]["drafted"] > 0  # prompt lookup drafted from both sides
 
 
 def test_serve_refuses_a_suffix_for_a_model_without_the_tokens(tiny_models, tmp_path):
