@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .decoding.engine import GenerationSettings
 from .decoding.modes import DrafterMode
+from .decoding.penalties import Penalties
 from .decoding.sampling import SamplingSettings
 from .decoding.verification import SamplingRule
 from .structured import Structure
@@ -51,6 +52,7 @@ class DecodeRequest:
     force_incompatible: bool = False
     rule: SamplingRule = SamplingRule.INVARIANT
     structure: Structure | None = None  # --json-schema, --grammar: what the answer must be
+    penalties: Penalties = Penalties()  # --frequency-penalty, --presence-penalty
 
     @property
     def drafter_label(self) -> str | None:
@@ -70,6 +72,7 @@ class DecodeRequest:
             seed=self.seed,
             rule=self.rule,
             structure=self.structure,
+            penalties=self.penalties,
         )
 
     def record(self) -> dict:
@@ -78,6 +81,7 @@ class DecodeRequest:
             "draft": None if self.draft is None else str(self.draft),
             "drafter": str(self.drafter_mode),
             "sampling": asdict(self.sampling),
+            "penalties": asdict(self.penalties),
             "seed": self.seed,
             "max_tokens": self.max_tokens,
             "stop": list(self.stop),

@@ -57,6 +57,8 @@ RANGES: dict[tuple[str, str], dict] = {
             "top_p": {"minimum": 0, "maximum": 1},
             "max_tokens": {"minimum": 1},
             "seed": {"minimum": -INT64, "maximum": INT64 - 1},
+            "frequency_penalty": {"minimum": -2, "maximum": 2},
+            "presence_penalty": {"minimum": -2, "maximum": 2},
         }.items()
     },
     (CHAT_REQUEST, "max_completion_tokens"): {"minimum": 1},
@@ -113,8 +115,6 @@ def _neutral(*values: Any) -> dict:
 # Fields specdec does not implement, accepted at their neutral value only.
 _SAMPLING_NEUTRAL = {
     "n": _neutral(1),
-    "frequency_penalty": _neutral(0),
-    "presence_penalty": _neutral(0),
     "logit_bias": _nullable({"type": "object", "maxProperties": 0}),
 }
 NEUTRAL_ONLY: dict[str, dict[str, dict]] = {

@@ -56,7 +56,7 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
     ("fields", "param"),
     [
         ({"n": 3}, "n"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's range: -2 to 2
         ({"top_logprobs": 3}, "top_logprobs"),  # needs logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # OpenAI's most: 20
         ({"logit_bias": {"42": 5}}, "logit_bias"),

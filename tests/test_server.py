@@ -479,6 +479,23 @@ def test_greedy_output_is_byte_identical_to_specdec_run(server, tiny_models, pro
     assert raw["choices"][0]["text"] == ran_raw["text"]
 
 
+def test_penalties_reach_the_engine_as_specdec_runs_take_them(server, tiny_models):
+    models = (
+        "--target",
+        str(tiny_models.endless_target),
+        "--draft",
+        str(tiny_models.close_drafter),
+    )
+    same = (*models, "--drafter", "fixed", "--ctx-size", str(CTX), "--threads", "1", "-n", "48")
+    fields = {"frequency_penalty": -2.0, "presence_penalty": -2.0}  # repeats favoured
+    penalised = complete(server, "the cat sat on", max_tokens=48, **fields)["choices"][0]["text"]
+    ran = run_json(
+        "the cat sat on", "--raw", *same, "--frequency-penalty", "-2", "--presence-penalty", "-2"
+    )
+    assert penalised == ran["text"]
+    assert penalised != complete(server, "the cat sat on", max_tokens=48)["choices"][0]["text"]
+
+
 SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},

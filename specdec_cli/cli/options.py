@@ -47,6 +47,24 @@ TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucle
 MinPOpt = Annotated[
     float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below min-p x the top one.")
 ]
+FrequencyPenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--frequency-penalty",
+        min=-2.0,
+        max=2.0,
+        help="Lower each token's logit by this for every time the answer has used it (OpenAI's).",
+    ),
+]
+PresencePenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--presence-penalty",
+        min=-2.0,
+        max=2.0,
+        help="Lower each token's logit by this once the answer has used it (OpenAI's).",
+    ),
+]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
 MaxTokensOpt = Annotated[
     int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import render
 from ..decoding.modes import DrafterMode, default_draft_max
+from ..decoding.penalties import Penalties
 from ..decoding.sampling import SamplingSettings
 from ..decoding.verification import SamplingRule
 from ..errors import BadUsageError
@@ -141,6 +142,8 @@ class SharedOptions:
     top_k: int
     top_p: float
     min_p: float
+    frequency_penalty: float
+    presence_penalty: float
     seed: int | None
     max_tokens: int
     stop: list[str] | None
@@ -188,6 +191,7 @@ class SharedOptions:
             drafter_mode=mode,
             system=self.system,
             sampling=SamplingSettings(self.temp, self.top_k, self.top_p, self.min_p),
+            penalties=Penalties(self.frequency_penalty, self.presence_penalty),
             seed=self.seed,
             max_tokens=self.max_tokens,
             stop=tuple(self.stop or ()),

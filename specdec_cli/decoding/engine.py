@@ -18,6 +18,7 @@ from .backend import ArgmaxRows, CacheAgreement, Decoder, choices_for_suffix, lo
 from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
 from .logprobs import TokenLogprob, token_logprob
+from .penalties import Penalties
 from .sampling import (
     Distribution,
     GumbelChooser,
@@ -69,6 +70,7 @@ class GenerationSettings:
     # each emitted token's log-probability and this many alternatives' (logprobs.py); None:
     # none, and a greedy answer may leave its rows on the target's device
     logprobs: int | None = None
+    penalties: Penalties = field(default_factory=Penalties)  # by the answer's own tokens
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,7 @@ class Generation:
         self.acceptance = acceptance
         self.prompt = list(prompt)
         self.tokens: list[int] = []
+        self._counts: Counter[int] = Counter()  # of `tokens`, where penalties count them
         # prompt + tokens, kept in step rather than joined each round: a join copies the
         # whole context (250 µs at 32k tokens, twice a round), 5% of a 7B step on a GPU
         self._context = list(self.prompt)
@@ -401,16 +404,18 @@ class Generation:
         choices came back)."""
         began = time.perf_counter()
         greedy = self.settings.sampling.greedy and self._constraint is None
-        if greedy and self.settings.logprobs is None:
+        penalties = self.settings.penalties
+        if greedy and self.settings.logprobs is None and not penalties:
             # Only each row's argmax is read: where the target takes it on its device, the
             # rows never come to the host.
             verdict = greedy_accept(draft.tokens, self._target_rows(draft, choices_for_suffix))
             return verdict, time.perf_counter() - began, None
         rows = self._target_rows(draft, logits_for_suffix)
+        scored = penalties.rows(rows, self._counts, draft.tokens) if penalties else rows
         if greedy:
-            verdict = greedy_accept(draft.tokens, ArgmaxRows(rows))
+            verdict = greedy_accept(draft.tokens, ArgmaxRows(scored))
         else:
-            verdict = self._sampled_verdict(draft, rows)
+            verdict = self._sampled_verdict(draft, scored)
         return verdict, time.perf_counter() - began, rows
 
     def _logprobs(self, rows: np.ndarray | None, emitted: list[int]) -> list[TokenLogprob | None]:
@@ -493,6 +498,8 @@ class Generation:
             return Piece(token, kind, ""), FinishReason.STOP
         self.tokens.append(token)
         self._context.append(token)
+        if self.settings.penalties:
+            self._counts[token] += 1
         self.stats.generated = len(self.tokens)
         text, hit_stop = self._text.feed(self.target.token_bytes(token))
         return Piece(token, kind, text, logprob), FinishReason.STOP_STRING if hit_stop else None

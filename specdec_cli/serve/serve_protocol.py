@@ -10,7 +10,7 @@ endpoints; a schema keyword the grammar would ignore is a 400 naming it (structu
 
 Requests are validated strictly: a field of the wrong type, out of range or unknown is a
 400, as OpenAI answers. Fields OpenAI defines that specdec does not implement (`n`,
-penalties, `best_of` ...) are accepted at their neutral value, which clients often
+`logit_bias`, `best_of` ...) are accepted at their neutral value, which clients often
 send explicitly, and refused otherwise, so an answer never silently ignores a request.
 """
 
@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from ..decoding.penalties import PENALTY_RANGE, Penalties
 from ..services import tool_calls
 from ..structured import Structure, StructureError
 
@@ -202,6 +203,8 @@ class _Sampling(_Strict):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: Integer | None = Field(None, ge=0)  # llama.cpp's extension; 0: all tokens
     min_p: float | None = Field(None, ge=0.0, le=1.0)  # llama.cpp's extension
+    frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    presence_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     seed: Integer | None = Field(None, ge=-(2 ** (SEED_BITS - 1)), lt=2 ** (SEED_BITS - 1))
     stop: str | list[str] | None = None
     stream: bool | None = None  # null: not streamed, as when left out
@@ -212,8 +215,6 @@ class _Sampling(_Strict):
     json_schema: dict[str, Any] | None = None
     # OpenAI fields accepted at their neutral value only (see the module docstring).
     n: Integer | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # Clients send these for bookkeeping; they change nothing in the answer.
@@ -232,6 +233,14 @@ class _Sampling(_Strict):
     def engine_seed(self) -> int | None:
         """The engine's seeds are not negative: the seed's 64 bits, read unsigned."""
         return None if self.seed is None else self.seed % 2**SEED_BITS
+
+    def penalties(self, default: Penalties) -> Penalties:
+        """The server's penalties (its command line), with what the request sets."""
+        frequency, presence = self.frequency_penalty, self.presence_penalty
+        return Penalties(
+            default.frequency if frequency is None else frequency,
+            default.presence if presence is None else presence,
+        )
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -260,8 +269,6 @@ class _Sampling(_Strict):
         """Refuse what specdec would otherwise silently ignore."""
         neutral = {
             "n": (self.n, (None, 1), "only n=1 is supported"),
-            "frequency_penalty": (self.frequency_penalty, (None, 0), "penalties are not supported"),
-            "presence_penalty": (self.presence_penalty, (None, 0), "penalties are not supported"),
         }
         for param, (value, allowed, why) in neutral.items():
             if value not in allowed:

@@ -137,6 +137,7 @@ class ServerState:
             seed=base.seed if request.seed is None else request.engine_seed(),
             structure=request.structure(),
             logprobs=request.logprob_alternatives(),
+            penalties=request.penalties(base.penalties),
         )
 
     def _check_token_limit(self, request: ChatCompletionRequest | CompletionRequest) -> None:
