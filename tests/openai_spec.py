@@ -5,8 +5,9 @@ OpenAI's own openapi.yaml is neither in the repository nor reachable from CI. Th
 Python package is generated from it, so pydantic turns the package's request and response
 types back into JSON schemas. Three kinds of edits follow, each with its reason:
 
-- RANGES: bounds OpenAI's API reference states that the package's types lose (they are in
-  its docstrings: "between 0 and 2", "up to 4 sequences"), for the fields specdec checks.
+- RANGES and SHAPES: bounds and shapes OpenAI's API reference states that the package's
+  types lose (they are in its docstrings: "between 0 and 2", "up to 4 sequences", "token
+  ids ... from -100 to 100"), for the fields specdec checks.
 - REFUSED and NEUTRAL_ONLY: what specdec refuses, as docs/serve.md lists it, is left out or
   narrowed to the neutral value specdec accepts, so every request the document allows must be
   accepted (tests/test_serve_conformance.py checks that docs/serve.md names each of them).
@@ -115,7 +116,6 @@ def _neutral(*values: Any) -> dict:
 # Fields specdec does not implement, accepted at their neutral value only.
 _SAMPLING_NEUTRAL = {
     "n": _neutral(1),
-    "logit_bias": _nullable({"type": "object", "maxProperties": 0}),
 }
 NEUTRAL_ONLY: dict[str, dict[str, dict]] = {
     CHAT_REQUEST: {
@@ -136,6 +136,20 @@ NEUTRAL_ONLY: dict[str, dict[str, dict]] = {
         },
     },
     "ChatCompletionAssistantMessageParam": {"refusal": NULL},
+}
+# Values OpenAI's API reference states that the package's types lose: logit_bias maps token
+# ids to amounts from -100 to 100.
+SHAPES: dict[str, dict[str, dict]] = {
+    request: {
+        "logit_bias": _nullable(
+            {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            }
+        )
+    }
+    for request in (CHAT_REQUEST, TEXT_REQUEST)
 }
 # Required by OpenAI, optional in specdec (docs/serve.md: "`model` (optional ...)").
 LENIENT: dict[str, tuple[str, ...]] = {CHAT_REQUEST: ("model",), TEXT_REQUEST: ("model",)}
@@ -192,7 +206,7 @@ def _trim(schemas: dict) -> None:
     for name, refused in REFUSED.items():
         for field in refused:
             del schemas[name]["properties"][field]
-    for name, narrowed in NEUTRAL_ONLY.items():
+    for name, narrowed in [*NEUTRAL_ONLY.items(), *SHAPES.items()]:
         schemas[name]["properties"].update(copy.deepcopy(narrowed))
     for name, optional in LENIENT.items():
         schemas[name]["required"] = [f for f in schemas[name]["required"] if f not in optional]

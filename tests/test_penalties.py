@@ -30,13 +30,17 @@ def answer(target, settings, drafter=None, prompt=PROMPT) -> list[int]:
     return Generation(target, prompt, settings, drafter).run().tokens
 
 
-def penalised_greedy(logits_fn, penalties: Penalties, n: int) -> list[int]:
-    """The reference: one token at a time, each logit lowered by the counts so far."""
+def reference_greedy(
+    logits_fn, penalties: Penalties, n: int, bias: dict[int, float] | None = None
+) -> list[int]:
+    """One token at a time, each logit lowered by the counts so far and moved by its bias."""
     tokens: list[int] = []
     for _ in range(n):
         row = np.asarray(logits_fn(tuple(PROMPT + tokens)), dtype=np.float64)
         for token, times in Counter(tokens).items():
             row[token] -= penalties.frequency * times + penalties.presence
+        for token, amount in (bias or {}).items():
+            row[token] += amount
         tokens.append(int(np.argmax(row)))
     return tokens
 
@@ -51,7 +55,7 @@ def test_greedy_penalised_answers_are_the_penalised_logits_choices(drafter):
         "ngram": NgramDrafter(),
     }
     settings = GenerationSettings(max_tokens=40, draft_max=4, sampling=GREEDY, penalties=PENALTIES)
-    expected = penalised_greedy(target.logits_fn, PENALTIES, 40)
+    expected = reference_greedy(target.logits_fn, PENALTIES, 40)
     assert answer(target, settings, drafters[drafter]) == expected
     unpenalised = GenerationSettings(max_tokens=40, draft_max=4, sampling=GREEDY)
     assert answer(table_target(), unpenalised) != expected  # the penalties changed it
@@ -112,3 +116,21 @@ def test_a_drafter_changes_no_penalised_answer_in_exact_mode(tiny_models, sampli
         drafter.close()
     assert drafted.tokens == alone.tokens != plain.tokens
     assert drafted.stats.accepted > 5
+
+
+# ---- logit_bias ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drafter", [None, "fixed", "model"])
+def test_biased_answers_are_the_biased_logits_choices(drafter):
+    target = table_target()
+    plain = answer(table_target(), GenerationSettings(max_tokens=30, sampling=GREEDY))
+    bias = {plain[0]: -100.0, plain[1]: 3.0}  # the first choice banned, the second favoured
+    drafters = {None: None, "fixed": FixedDrafter(plain[:4]), "model": model_drafter(target)}
+    settings = GenerationSettings(
+        max_tokens=30, draft_max=4, sampling=GREEDY, logit_bias=tuple(bias.items()),
+        penalties=PENALTIES,
+    )  # fmt: skip
+    tokens = answer(target, settings, drafters[drafter])
+    assert tokens == reference_greedy(target.logits_fn, PENALTIES, 30, bias)
+    assert plain[0] not in tokens

@@ -34,6 +34,7 @@ DOCUMENTED_REFUSALS = {
     (r"messages\.\d+\.tool_calls\.\d+\.function\.arguments", ".*"):
         "an earlier call's arguments that are not a JSON object",
     ("suffix", ".*"): "a suffix for a model without fill-in-the-middle tokens",
+    ("logit_bias", ".*"): "a token id past the model's vocabulary",
 }  # fmt: skip
 
 

@@ -59,7 +59,8 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
         ({"presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's range: -2 to 2
         ({"top_logprobs": 3}, "top_logprobs"),  # needs logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # OpenAI's most: 20
-        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"logit_bias": {"hello": 5}}, "logit_bias"),  # keys are token ids
+        ({"logit_bias": {"42": 101}}, "logit_bias"),  # OpenAI's range: -100 to 100
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stop": ["x"] * 5}, "stop"),  # OpenAI takes at most four

@@ -496,6 +496,19 @@ def test_penalties_reach_the_engine_as_specdec_runs_take_them(server, tiny_model
     assert penalised != complete(server, "the cat sat on", max_tokens=48)["choices"][0]["text"]
 
 
+def test_logit_bias_reaches_the_engine(server):
+    favoured = {"300": 100}  # all but forces token 300
+    columns = complete(server, "the cat", max_tokens=6, logit_bias=favoured, logprobs=0)
+    tokens = columns["choices"][0]["logprobs"]["tokens"]
+    assert len(set(tokens)) == 1 and len(tokens) == 6
+    plain = complete(server, "the cat", max_tokens=6, logprobs=0)["choices"][0]["logprobs"]
+    assert plain["tokens"] != tokens
+    too_far = http(
+        server, "POST", "/v1/completions", json={"prompt": "a", "logit_bias": {"99999": 1}}
+    )
+    assert too_far.status_code == 400 and too_far.json()["error"]["param"] == "logit_bias"
+
+
 SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},

@@ -18,7 +18,7 @@ from .backend import ArgmaxRows, CacheAgreement, Decoder, choices_for_suffix, lo
 from .constraint import ConstrainedDistributions, allowed_prefix
 from .drafters import Draft, Drafter, DraftSource, ForcedPlanner, Outcome, ngram_draft
 from .logprobs import TokenLogprob, token_logprob
-from .penalties import Penalties
+from .penalties import Penalties, biased
 from .sampling import (
     Distribution,
     GumbelChooser,
@@ -71,6 +71,7 @@ class GenerationSettings:
     # none, and a greedy answer may leave its rows on the target's device
     logprobs: int | None = None
     penalties: Penalties = field(default_factory=Penalties)  # by the answer's own tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, amount added to its logit)
 
 
 @dataclass(frozen=True)
@@ -404,19 +405,32 @@ class Generation:
         choices came back)."""
         began = time.perf_counter()
         greedy = self.settings.sampling.greedy and self._constraint is None
-        penalties = self.settings.penalties
-        if greedy and self.settings.logprobs is None and not penalties:
+        if greedy and self._choices_are_the_logits_argmax:
             # Only each row's argmax is read: where the target takes it on its device, the
             # rows never come to the host.
             verdict = greedy_accept(draft.tokens, self._target_rows(draft, choices_for_suffix))
             return verdict, time.perf_counter() - began, None
         rows = self._target_rows(draft, logits_for_suffix)
-        scored = penalties.rows(rows, self._counts, draft.tokens) if penalties else rows
+        scored = self._adjusted(rows, draft.tokens)
         if greedy:
             verdict = greedy_accept(draft.tokens, ArgmaxRows(scored))
         else:
             verdict = self._sampled_verdict(draft, scored)
         return verdict, time.perf_counter() - began, rows
+
+    @property
+    def _choices_are_the_logits_argmax(self) -> bool:
+        """Nothing read of the rows but their argmax: no logprobs, no penalty or bias."""
+        settings = self.settings
+        return settings.logprobs is None and not settings.penalties and not settings.logit_bias
+
+    def _adjusted(self, rows: np.ndarray, draft: list[int]) -> np.ndarray:
+        """The rows the choices are made from: penalised and biased (a copy), or as read."""
+        penalties, bias = self.settings.penalties, self.settings.logit_bias
+        adjusted = penalties.rows(rows, self._counts, draft) if penalties else rows
+        if bias:
+            adjusted = biased(adjusted if penalties else rows.copy(), bias)
+        return adjusted
 
     def _logprobs(self, rows: np.ndarray | None, emitted: list[int]) -> list[TokenLogprob | None]:
         """The log-probability of each token a round emits (row i decided its i-th token),

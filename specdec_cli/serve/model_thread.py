@@ -420,6 +420,7 @@ class ModelThread:
             param = "messages" if isinstance(job.prompt, ChatPrompt) else "prompt"
             raise ServeError(Failure.TOO_LONG, str(error), param) from None
         settings = job.settings
+        _check_bias(settings.logit_bias, target.n_vocab)
         if job.prediction:  # tokenised as run does it (prompting.py)
             settings = replace(settings, prediction=prediction_tokens(target, job.prediction))
         cached = target.prompt_reuse(prompt)
@@ -447,6 +448,15 @@ class ModelThread:
         asked = settings.logprobs is not None
         answer = finished or generation.interrupted()
         job.post(Answer(answer, len(prompt), cached, tuple(logprobs) if asked else None))
+
+
+def _check_bias(bias: tuple[tuple[int, float], ...], n_vocab: int) -> None:
+    for token, _ in bias:
+        if token >= n_vocab:
+            raise bad_prompt(
+                f"logit_bias: token {token} is not in this model's vocabulary of {n_vocab} tokens.",
+                "logit_bias",
+            )
 
 
 def _prefill(target: Backend, prompt: list[int], cached: int, job: Job) -> None:

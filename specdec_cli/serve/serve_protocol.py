@@ -10,7 +10,7 @@ endpoints; a schema keyword the grammar would ignore is a 400 naming it (structu
 
 Requests are validated strictly: a field of the wrong type, out of range or unknown is a
 400, as OpenAI answers. Fields OpenAI defines that specdec does not implement (`n`,
-`logit_bias`, `best_of` ...) are accepted at their neutral value, which clients often
+`best_of`, `echo` ...) are accepted at their neutral value, which clients often
 send explicitly, and refused otherwise, so an answer never silently ignores a request.
 """
 
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from ..decoding.penalties import PENALTY_RANGE, Penalties
+from ..decoding.penalties import BIAS_RANGE, PENALTY_RANGE, Penalties
 from ..services import tool_calls
 from ..structured import Structure, StructureError
 
@@ -242,6 +242,22 @@ class _Sampling(_Strict):
             default.presence if presence is None else presence,
         )
 
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, amount) pairs, in token order."""
+        pairs = []
+        for key, amount in (self.logit_bias or {}).items():
+            if not re.fullmatch(r"[0-9]{1,10}", key):
+                raise bad_request(
+                    f"logit_bias: {key!r} is not a token id: keys are token ids, as strings.",
+                    "logit_bias",
+                )
+            if not BIAS_RANGE[0] <= amount <= BIAS_RANGE[1]:
+                raise bad_request(
+                    f"logit_bias: {amount} for token {key} is outside -100 to 100.", "logit_bias"
+                )
+            pairs.append((int(key), float(amount)))
+        return tuple(sorted(pairs))
+
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -273,8 +289,7 @@ class _Sampling(_Strict):
         for param, (value, allowed, why) in neutral.items():
             if value not in allowed:
                 raise bad_request(f"{param}={value!r}: {why}.", param)
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported.", "logit_bias")
+        self.bias()
         if self.service_tier not in (None, "auto", "default"):
             raise bad_request(
                 f"service_tier={self.service_tier!r}: this server has one tier ('default').",

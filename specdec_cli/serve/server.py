@@ -138,6 +138,7 @@ class ServerState:
             structure=request.structure(),
             logprobs=request.logprob_alternatives(),
             penalties=request.penalties(base.penalties),
+            logit_bias=request.bias(),
         )
 
     def _check_token_limit(self, request: ChatCompletionRequest | CompletionRequest) -> None:
