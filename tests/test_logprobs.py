@@ -66,6 +66,9 @@ def test_tied_alternatives_come_in_token_order():
     assert sum(np.exp(lp) for _, lp in result.top) + np.exp(result.logprob) == pytest.approx(1.0)
     flat = np.zeros(5000, dtype=np.float32)  # more ties than are sorted: the first ids win
     assert [token for token, _ in token_logprob(flat, 0, 3).top] == [0, 1, 2]
+    ragged = np.zeros(1000, dtype=np.float32)  # 15 blocks of 64 and one of 40
+    ragged[[999, 5, 960]] = [3.0, 2.0, 1.0]
+    assert [token for token, _ in token_logprob(ragged, 0, 4).top] == [999, 5, 960, 0]
 
 
 def table_target() -> FakeBackend:

@@ -10,13 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's most alternatives a token (chat completions' top_logprobs)
-# The alternatives are sought first among logits this close to the row's highest (a model's
-# 20 likeliest tokens are mostly within it), the margin widened 4x until there are enough,
-# and the whole row taken past TOP_MARGIN_LIMIT; more than TOP_SORTED candidates (a flat
-# row) are partitioned before they are sorted.
-TOP_MARGIN = 2.0
-TOP_MARGIN_LIMIT = 1e4
-TOP_SORTED = 1024
+# The alternatives are sought in the blocks of BLOCK logits whose highest are among the
+# row's n highest blocks' (the n best tokens lie in them: 255 µs a token for 20 of Qwen's
+# 152k logits on a 2-core Zen 4, log-softmax included); more than TOP_SORTED candidates (a
+# row of ties) are cut at the n-th highest logit before they are sorted.
+BLOCK = 64
+TOP_SORTED = 4096
 
 
 @dataclass(frozen=True)
@@ -31,29 +30,35 @@ class TokenLogprob:
 
 def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     """`token`'s log-probability in the logit row `row`, and the row's `n_top` best."""
-    peak = float(row.max())
+    peak = row.max()
+    # In place: a second fresh array for exp's output took 400 µs more (152k logits).
+    shifted = np.subtract(row, peak, dtype=np.float32)
+    np.exp(shifted, out=shifted)
     # float64 sum: 152k terms in float32 would lose the small ones' share
-    log_total = peak + float(np.log(np.exp(row - peak).sum(dtype=np.float64)))
-    best = _best(row, n_top, peak)
-    top = tuple((int(t), float(row[t]) - log_total) for t in best)
+    log_total = float(peak) + float(np.log(shifted.sum(dtype=np.float64)))
+    top = tuple((int(t), float(row[t]) - log_total) for t in _best(row, n_top))
     return TokenLogprob(token, float(row[token]) - log_total, top)
 
 
-def _best(row: np.ndarray, n: int, peak: float) -> np.ndarray:
-    """The `n` highest logits' tokens, highest first (ties by token id). Only the tokens
-    within a margin of the peak are sorted, the margin widened until there are `n` of them:
-    a partition of the whole row (152k logits) took 1.4 ms, ten times the log-softmax."""
+def _best(row: np.ndarray, n: int) -> np.ndarray:
+    """The `n` highest logits' tokens, highest first (ties by token id). The blocks whose
+    highest logits are the n highest hold n logits at least as high as the n-th of those,
+    so the n best are among those logits: only they are sorted (a partition of the whole
+    row, 152k logits, took 1.4 ms, ten times the log-softmax)."""
     if n <= 0:
         return np.empty(0, dtype=np.int64)
     n = min(n, len(row))
-    margin = TOP_MARGIN
-    candidates = np.flatnonzero(row >= peak - margin)
-    while len(candidates) < n:
-        margin *= 4
-        wide = margin > TOP_MARGIN_LIMIT  # -inf logits: no margin reaches them
-        candidates = np.arange(len(row)) if wide else np.flatnonzero(row >= peak - margin)
-    if len(candidates) > TOP_SORTED:  # keep the n-th highest logit and all above or tied
-        nth = -np.partition(-row[candidates], n - 1)[n - 1]
+    highest = np.maximum.reduceat(row, np.arange(0, len(row), BLOCK))
+    if n <= len(highest):
+        nth = -np.partition(-highest, n - 1)[n - 1]
+        blocks = np.flatnonzero(highest >= nth)
+        candidates = (blocks[:, None] * BLOCK + np.arange(BLOCK)).ravel()
+        candidates = candidates[candidates < len(row)]
         candidates = candidates[row[candidates] >= nth]
-    order = np.lexsort((candidates, -row[candidates]))
+    else:  # fewer blocks than tokens wanted
+        candidates = np.arange(len(row))
+    if len(candidates) > TOP_SORTED:  # a row of ties: cut at the n-th highest logit
+        cut = -np.partition(-row[candidates], n - 1)[n - 1]
+        candidates = candidates[row[candidates] >= cut]
+    order = np.argsort(-row[candidates], kind="stable")  # candidates ascend: ties by id
     return candidates[order[:n]]

@@ -21,13 +21,13 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from ..decoding.logprobs import MAX_TOP_LOGPROBS
 from ..decoding.penalties import BIAS_RANGE, PENALTY_RANGE, Penalties
 from ..services import tool_calls
 from ..structured import Structure, StructureError
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 SEED_BITS = 64  # OpenAI's seed is a signed 64-bit integer
-MAX_TOP_LOGPROBS = 20  # chat completions' top_logprobs, as OpenAI's API
 MAX_TEXT_LOGPROBS = 5  # completions' logprobs (alternatives a token), as OpenAI's API
 
 # ---- errors ---------------------------------------------------------------------------------
