@@ -118,6 +118,46 @@ def test_defaults_give_a_valid_distribution_on_a_big_vocabulary():
     assert d.ids[0] == int(np.argmax(logits))
 
 
+def sorted_reference(logits: np.ndarray, settings: SamplingSettings) -> tuple[list, np.ndarray]:
+    """distribution() as written plainly: sort the whole row, cut, scale."""
+    order = np.argsort(-logits, kind="stable")
+    if 0 < settings.top_k < len(logits):
+        order = order[: settings.top_k]
+    chosen = logits[order].astype(np.float64)
+    probs = np.exp(chosen - chosen[0])
+    probs /= probs.sum()
+    keep = len(probs)
+    if settings.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), settings.top_p)) + 1)
+    if settings.min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(probs >= settings.min_p * probs[0])))
+    kept = np.exp((chosen[:keep] - chosen[0]) / settings.temperature)
+    return order[:keep].tolist(), kept / kept.sum()
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0, 6.0])  # flat to peaked rows of Qwen's size
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p"),
+    [
+        (40, 0.95, 0.05),
+        (0, 0.95, 0.05),
+        (0, 0.9, 0.0),
+        (0, 1.0, 0.1),
+        (0, 1.0, 0.0),
+        (1000, 0.5, 0.0),
+    ],
+)
+def test_a_big_rows_distribution_is_the_whole_sorted_rows(scale, top_k, top_p, min_p):
+    """Only the likeliest tokens are sorted (sampling.likeliest, min-p's floor, top-p's
+    mass): the same tokens and probabilities as sorting the whole row."""
+    logits = np.random.default_rng(int(scale * 10)).normal(0.0, scale, 151936).astype(np.float32)
+    settings = SamplingSettings(temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+    ids, probs = sorted_reference(logits, settings)
+    dist = distribution(logits, settings)
+    assert dist.ids.tolist() == ids
+    np.testing.assert_allclose(dist.probs, probs, rtol=1e-5)
+
+
 def test_distribution_lookup_and_sampling():
     d = dist_of({3: 0.5, 0: 0.3, 7: 0.2})
     assert d.prob(0) == 0.3 and d.prob(5) == 0.0

@@ -4,10 +4,23 @@ draft is verified against them is verification.py's."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+# The likeliest tokens are sought in the blocks of LIKELIEST_BLOCK logits whose highest are
+# among the row's n highest blocks' (the n best lie there): 0.1 ms for 20 of Qwen's 152k
+# logits on a 2-core Zen 4; more than LIKELIEST_SORTED candidates (a row of ties) are cut
+# at the n-th highest logit before they are sorted.
+LIKELIEST_BLOCK = 64
+LIKELIEST_SORTED = 4096
+# Without top-k, min-p or top-p bound the tokens worth sorting: those reaching min-p's floor,
+# or the REACH_FIRST likeliest, 4x more until they hold top-p's mass; REACH_ROUNDING keeps a
+# token at either boundary that float32 rounding would leave out (the exact cut follows).
+REACH_FIRST = 64
+REACH_ROUNDING = 1e-3
 
 
 @dataclass(frozen=True)
@@ -70,15 +83,14 @@ def distribution(logits: np.ndarray, settings: SamplingSettings) -> Distribution
     """Apply temperature, top-k, top-p and min-p (in llama.cpp's order) to one row of logits."""
     if settings.greedy:
         return Distribution.point(int(np.argmax(logits)))
-    n = logits.shape[-1]
-    k = settings.top_k if 0 < settings.top_k < n else n
-    candidates = np.argpartition(logits, n - k)[n - k :] if k < n else np.arange(n)
-    chosen = logits[candidates].astype(np.float64)
-    order = np.argsort(-chosen, kind="stable")
-    candidates, chosen = candidates[order], chosen[order]
+    if 0 < settings.top_k < logits.shape[-1]:
+        candidates = likeliest(logits, settings.top_k)
+        chosen = logits[candidates].astype(np.float64)
+        probs = np.exp(chosen - chosen[0])
+        probs /= probs.sum()
+    else:
+        candidates, chosen, probs = _whole_vocabulary(logits, settings)
     # llama.cpp cuts top-p and min-p on the unscaled softmax; temperature comes last.
-    probs = np.exp(chosen - chosen[0])
-    probs /= probs.sum()
     keep = len(probs)
     if settings.top_p < 1.0:
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), settings.top_p)) + 1)
@@ -86,6 +98,62 @@ def distribution(logits: np.ndarray, settings: SamplingSettings) -> Distribution
         keep = min(keep, int(np.count_nonzero(probs >= settings.min_p * probs[0])))
     kept = np.exp((chosen[:keep] - chosen[0]) / settings.temperature)
     return Distribution(candidates[:keep].astype(np.int64), kept / kept.sum())
+
+
+def _whole_vocabulary(
+    logits: np.ndarray, settings: SamplingSettings
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Without top-k: the softmax over every token, for the likeliest tokens alone that
+    min-p or top-p can keep (sorting all of Qwen's 152k took 19 ms a row)."""
+    peak = logits.max()
+    weights = np.subtract(logits, peak, dtype=np.float32)
+    np.exp(weights, out=weights)
+    total = weights.sum(dtype=np.float64)
+    candidates = _within_reach(logits, float(peak), weights, total, settings)
+    chosen = logits[candidates].astype(np.float64)
+    return candidates, chosen, np.exp(chosen - float(peak)) / total
+
+
+def _within_reach(
+    logits: np.ndarray, peak: float, weights: np.ndarray, total: float, settings: SamplingSettings
+) -> np.ndarray:
+    """The tokens min-p or top-p may keep, likeliest first (all, where neither cuts)."""
+    if settings.min_p > 0.0:  # p >= min_p * p_top: a logit at least peak + ln(min_p)
+        floor = peak + math.log(settings.min_p) - REACH_ROUNDING
+        reached = np.flatnonzero(logits >= floor)
+        return reached[np.argsort(-logits[reached], kind="stable")]
+    if settings.top_p < 1.0:
+        n = REACH_FIRST
+        while n < len(logits):
+            reached = likeliest(logits, n)
+            if weights[reached].sum(dtype=np.float64) / total >= settings.top_p + REACH_ROUNDING:
+                return reached
+            n *= 4
+    return np.argsort(-logits, kind="stable")
+
+
+def likeliest(row: np.ndarray, n: int) -> np.ndarray:
+    """The tokens of the `n` highest logits, highest first (ties by token id). The blocks
+    whose highest logits are the n highest blocks' hold n logits at least as high as the
+    n-th of those, so the n best are among those logits: only they are sorted (partitioning
+    Qwen's 152k logits took 1.1-1.6 ms a row)."""
+    if n <= 0:
+        return np.empty(0, dtype=np.int64)
+    n = min(n, len(row))
+    highest = np.maximum.reduceat(row, np.arange(0, len(row), LIKELIEST_BLOCK))
+    if n <= len(highest):
+        nth = -np.partition(-highest, n - 1)[n - 1]
+        blocks = np.flatnonzero(highest >= nth)
+        candidates = (blocks[:, None] * LIKELIEST_BLOCK + np.arange(LIKELIEST_BLOCK)).ravel()
+        candidates = candidates[candidates < len(row)]
+        candidates = candidates[row[candidates] >= nth]
+    else:  # fewer blocks than tokens wanted
+        candidates = np.arange(len(row))
+    if len(candidates) > LIKELIEST_SORTED:  # a row of ties: cut at the n-th highest logit
+        cut = -np.partition(-row[candidates], n - 1)[n - 1]
+        candidates = candidates[row[candidates] >= cut]
+    order = np.argsort(-row[candidates], kind="stable")  # candidates ascend: ties by id
+    return candidates[order[:n]]
 
 
 def residual(target: Distribution, draft: Distribution) -> Distribution:
