@@ -20,6 +20,7 @@ from specdec_cli.decoding import constraint
 from specdec_cli.decoding.adaptive import AdaptiveDrafter
 from specdec_cli.decoding.constraint import (
     NoTokenAllowed,
+    _best_ids,
     allowed_best,
     allowed_prefix,
     closing_layout,
@@ -474,3 +475,14 @@ def test_forced_text_rides_in_the_prompts_pass_where_the_target_computes_it_the_
     rounds = call_rounds(target)
     assert len(rounds) == (1 if with_drafts else 2)
     assert (rounds[0].drafted > 0) == with_drafts
+
+
+@pytest.mark.parametrize("end", [16, 256, 4096])
+def test_each_slice_of_a_big_row_is_its_place_in_one_total_order(end):
+    """The slices allowed_best asks about, on a row of Qwen's size with many ties: ranked by
+    descending logit, ties by ascending id, as a sort of the whole row ranks them."""
+    rng = np.random.default_rng(end)
+    row = np.round(rng.normal(0.0, 3.0, 151936), 1).astype(np.float32)  # rounded: ties
+    ranked = np.lexsort((np.arange(len(row)), -row))
+    start = end // 16
+    assert _best_ids(row, start, end).tolist() == ranked[start:end].tolist()

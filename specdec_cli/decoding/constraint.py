@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from ..structured import StructureError
-from .sampling import Distribution, SamplingSettings, distribution
+from .sampling import Distribution, SamplingSettings, distribution, likeliest
 
 # Tokens asked about at once, in order of their logits, until the choice is made: the
 # favourite alone first, then ever larger slices, then all the rest.
@@ -92,13 +92,7 @@ def _best_ids(row: np.ndarray, start: int, end: int) -> np.ndarray:
     n = row.shape[-1]
     if end - start == 1 and start == 0:
         return np.array([int(np.argmax(row))], dtype=np.int32)  # argmax: the lowest id of ties
-    if end >= n:
-        ranked = np.lexsort((np.arange(n), -row))
-    else:
-        kth = np.partition(row, n - end)[n - end]  # the end-th largest logit
-        above = np.flatnonzero(row > kth)
-        ids = np.concatenate([above, np.flatnonzero(row == kth)[: end - len(above)]])
-        ranked = ids[np.lexsort((ids, -row[ids]))]
+    ranked = np.lexsort((np.arange(n), -row)) if end >= n else likeliest(row, end)
     return ranked[start:end].astype(np.int32)
 
 

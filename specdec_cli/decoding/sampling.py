@@ -147,9 +147,9 @@ def likeliest(row: np.ndarray, n: int) -> np.ndarray:
         candidates = (blocks[:, None] * LIKELIEST_BLOCK + np.arange(LIKELIEST_BLOCK)).ravel()
         candidates = candidates[candidates < len(row)]
         candidates = candidates[row[candidates] >= nth]
-    else:  # fewer blocks than tokens wanted
-        candidates = np.arange(len(row))
-    if len(candidates) > LIKELIEST_SORTED:  # a row of ties: cut at the n-th highest logit
+    else:  # more tokens wanted than there are blocks: cut at the n-th highest logit
+        candidates = np.flatnonzero(row >= np.partition(row, len(row) - n)[len(row) - n])
+    if len(candidates) > max(n, LIKELIEST_SORTED):  # ties: cut at the n-th highest logit
         cut = -np.partition(-row[candidates], n - 1)[n - 1]
         candidates = candidates[row[candidates] >= cut]
     order = np.argsort(-row[candidates], kind="stable")  # candidates ascend: ties by id
