@@ -53,6 +53,7 @@ FrequencyPenaltyOpt = Annotated[
         "--frequency-penalty",
         min=-2.0,
         max=2.0,
+        metavar="<float>",  # the range is in the help: "<float range>" widens every column
         help="Lower each token's logit by this for every time the answer has used it (OpenAI's).",
     ),
 ]
@@ -62,6 +63,7 @@ PresencePenaltyOpt = Annotated[
         "--presence-penalty",
         min=-2.0,
         max=2.0,
+        metavar="<float>",  # the range is in the help: "<float range>" widens every column
         help="Lower each token's logit by this once the answer has used it (OpenAI's).",
     ),
 ]
