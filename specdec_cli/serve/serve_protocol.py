@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..decoding.logprobs import MAX_TOP_LOGPROBS
-from ..decoding.penalties import BIAS_RANGE, PENALTY_RANGE, Penalties
+from ..decoding.penalties import BIAS_RANGE, PENALTY_RANGE
 from ..services import tool_calls
 from ..structured import Structure, StructureError
 
@@ -233,14 +233,6 @@ class _Sampling(_Strict):
     def engine_seed(self) -> int | None:
         """The engine's seeds are not negative: the seed's 64 bits, read unsigned."""
         return None if self.seed is None else self.seed % 2**SEED_BITS
-
-    def penalties(self, default: Penalties) -> Penalties:
-        """The server's penalties (its command line), with what the request sets."""
-        frequency, presence = self.frequency_penalty, self.presence_penalty
-        return Penalties(
-            default.frequency if frequency is None else frequency,
-            default.presence if presence is None else presence,
-        )
 
     def bias(self) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token id, amount) pairs, in token order."""

@@ -46,7 +46,10 @@ from .responses import (
 from .serve_protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
+# Request fields that override the server's defaults (its command line), by their names in
+# SamplingSettings and Penalties.
+SAMPLING_FIELDS = {f: f for f in ("temperature", "top_k", "top_p", "min_p")}
+PENALTY_FIELDS = {"frequency_penalty": "frequency", "presence_penalty": "presence"}
 
 
 class ServerState:
@@ -126,18 +129,17 @@ class ServerState:
         self, request: ChatCompletionRequest | CompletionRequest
     ) -> GenerationSettings:
         """The server's defaults (its command line), overridden by what the request sets."""
-        given = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
         self._check_token_limit(request)
         base = self.defaults
         return replace(
             base,
             max_tokens=request.token_limit() or base.max_tokens,
             stop=base.stop if request.stop is None else request.stop_strings(),
-            sampling=replace(base.sampling, **given),
+            sampling=replace(base.sampling, **_given(request, SAMPLING_FIELDS)),
             seed=base.seed if request.seed is None else request.engine_seed(),
             structure=request.structure(),
             logprobs=request.logprob_alternatives(),
-            penalties=request.penalties(base.penalties),
+            penalties=replace(base.penalties, **_given(request, PENALTY_FIELDS)),
             logit_bias=request.bias(),
         )
 
@@ -176,6 +178,12 @@ class ServerState:
         task = asyncio.ensure_future(drain())
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
+
+
+def _given(request: ChatCompletionRequest | CompletionRequest, fields: dict[str, str]) -> dict:
+    """The `fields` the request sets (null is left out), under their names in the settings."""
+    values = {name: getattr(request, field) for field, name in fields.items()}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def create_app(state: ServerState, guard: Guard | None = None) -> FastAPI:
