@@ -477,7 +477,7 @@ def test_forced_text_rides_in_the_prompts_pass_where_the_target_computes_it_the_
     assert (rounds[0].drafted > 0) == with_drafts
 
 
-@pytest.mark.parametrize("end", [16, 256, 4096])
+@pytest.mark.parametrize("end", [16, 256, 4096, 151936])  # the last: all the rest
 def test_each_slice_of_a_big_row_is_its_place_in_one_total_order(end):
     """The slices allowed_best asks about, on a row of Qwen's size with many ties: ranked by
     descending logit, ties by ascending id, as a sort of the whole row ranks them."""

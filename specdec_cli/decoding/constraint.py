@@ -89,11 +89,9 @@ def allowed_best(row: np.ndarray, constraint: Constraint, count: int | None) -> 
 def _best_ids(row: np.ndarray, start: int, end: int) -> np.ndarray:
     """The token ids ranked start..end-1 by descending logit, ties by ascending id: one
     total order, so consecutive slices neither repeat nor skip a tied token."""
-    n = row.shape[-1]
     if end - start == 1 and start == 0:
         return np.array([int(np.argmax(row))], dtype=np.int32)  # argmax: the lowest id of ties
-    ranked = np.lexsort((np.arange(n), -row)) if end >= n else likeliest(row, end)
-    return ranked[start:end].astype(np.int32)
+    return likeliest(row, end)[start:end].astype(np.int32)
 
 
 def masked_distribution(

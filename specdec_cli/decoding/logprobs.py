@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import likeliest
+from .sampling import likeliest, softmax_weights
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's most alternatives a token (chat completions' top_logprobs)
 
@@ -26,11 +26,7 @@ class TokenLogprob:
 
 def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     """`token`'s log-probability in the logit row `row`, and the row's `n_top` best."""
-    peak = row.max()
-    # In place: a second fresh array for exp's output took 400 µs more (152k logits).
-    shifted = np.subtract(row, peak, dtype=np.float32)
-    np.exp(shifted, out=shifted)
-    # float64 sum: 152k terms in float32 would lose the small ones' share
-    log_total = float(peak) + float(np.log(shifted.sum(dtype=np.float64)))
+    peak, _, total = softmax_weights(row)
+    log_total = peak + float(np.log(total))
     top = tuple((int(t), float(row[t]) - log_total) for t in likeliest(row, n_top))
     return TokenLogprob(token, float(row[token]) - log_total, top)
