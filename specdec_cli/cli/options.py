@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..decoding.modes import DrafterMode
+from ..decoding.penalties import PENALTY_RANGE
 from ..decoding.policy import ADAPTIVE_DRAFT_LIMIT
 from ..decoding.verification import SamplingRule
 from ..errors import BadUsageError
@@ -47,24 +48,30 @@ TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucle
 MinPOpt = Annotated[
     float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below min-p x the top one.")
 ]
+
+
+def _penalty_option(flag: str, help: str) -> Any:
+    return typer.Option(
+        flag,
+        min=PENALTY_RANGE[0],
+        max=PENALTY_RANGE[1],
+        metavar="<float>",  # the range is in the help: "<float range>" widens every column
+        help=help,
+    )
+
+
 FrequencyPenaltyOpt = Annotated[
     float,
-    typer.Option(
+    _penalty_option(
         "--frequency-penalty",
-        min=-2.0,
-        max=2.0,
-        metavar="<float>",  # the range is in the help: "<float range>" widens every column
-        help="Lower each token's logit by this for every time the answer has used it (OpenAI's).",
+        "Lower each token's logit by this for every time the answer has used it (OpenAI's).",
     ),
 ]
 PresencePenaltyOpt = Annotated[
     float,
-    typer.Option(
+    _penalty_option(
         "--presence-penalty",
-        min=-2.0,
-        max=2.0,
-        metavar="<float>",  # the range is in the help: "<float range>" widens every column
-        help="Lower each token's logit by this once the answer has used it (OpenAI's).",
+        "Lower each token's logit by this once the answer has used it (OpenAI's).",
     ),
 ]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
