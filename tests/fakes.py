@@ -272,6 +272,15 @@ def always_wrong(model: LogitsFn, n_vocab: int) -> LogitsFn:
     return logits
 
 
+GREEDY = SamplingSettings(temperature=0.0)
+SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)
+
+
+def table_target(n_ctx: int = 512, **kwargs) -> FakeBackend:
+    """Ten tokens, random logits keyed by the last two: the engine tests' usual target."""
+    return FakeBackend(table_model(10, seed=7, context=2), n_vocab=10, n_ctx=n_ctx, **kwargs)
+
+
 # --- drafters ---------------------------------------------------------------------------------
 
 

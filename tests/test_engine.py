@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 from fakes import (
+    GREEDY,
+    SAMPLED,
     FakeBackend,
     FixedDrafter,
     RecordingDrafter,
@@ -16,6 +18,7 @@ from fakes import (
     negated,
     sequence_model,
     table_model,
+    table_target,
 )
 from surface import protocol_members, surface_differences
 
@@ -34,10 +37,7 @@ from specdec_cli.decoding.engine import (
     SamplingRule,
     TokenKind,
 )
-from specdec_cli.decoding.sampling import SamplingSettings
 
-GREEDY = SamplingSettings(temperature=0.0)
-SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)
 PROMPT = [0, 1, 2]
 EOS = 9
 
@@ -56,10 +56,6 @@ def pieces(events) -> list[Piece]:
 
 def rounds(events) -> list[Round]:
     return [e for e in events if isinstance(e, Round)]
-
-
-def table_target(n_ctx: int = 512, **kwargs) -> FakeBackend:
-    return FakeBackend(table_model(10, seed=7, context=2), n_vocab=10, n_ctx=n_ctx, **kwargs)
 
 
 def check_stats(events, done: Finished) -> None:

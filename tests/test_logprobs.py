@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import FakeBackend, FixedDrafter, model_drafter, sequence_model, table_model
+from fakes import (
+    GREEDY,
+    SAMPLED,
+    FakeBackend,
+    FixedDrafter,
+    model_drafter,
+    sequence_model,
+    table_target,
+)
 
 from specdec_cli.decoding.drafters import ModelDrafter
 from specdec_cli.decoding.engine import (
@@ -18,7 +26,6 @@ from specdec_cli.decoding.engine import (
     Piece,
 )
 from specdec_cli.decoding.logprobs import token_logprob
-from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.llama.backend import LlamaBackend
 from specdec_cli.serve.responses import (
     Answer,
@@ -29,8 +36,6 @@ from specdec_cli.serve.responses import (
     ToolCallShape,
 )
 
-GREEDY = SamplingSettings(temperature=0.0)
-SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)
 PROMPT = [0, 1, 2]
 
 
@@ -69,10 +74,6 @@ def test_tied_alternatives_come_in_token_order():
     ragged = np.zeros(1000, dtype=np.float32)  # 15 blocks of 64 and one of 40
     ragged[[999, 5, 960]] = [3.0, 2.0, 1.0]
     assert [token for token, _ in token_logprob(ragged, 0, 4).top] == [999, 5, 960, 0]
-
-
-def table_target() -> FakeBackend:
-    return FakeBackend(table_model(10, seed=7, context=2), n_vocab=10)
 
 
 def logprob_pieces(

@@ -8,22 +8,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from fakes import FakeBackend, FixedDrafter, model_drafter, table_model
+from fakes import GREEDY, SAMPLED, FixedDrafter, model_drafter, table_target
 
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.decoding.engine import Generation, GenerationSettings
 from specdec_cli.decoding.penalties import Penalties
-from specdec_cli.decoding.sampling import SamplingSettings
 from specdec_cli.llama.backend import LlamaBackend
 
-GREEDY = SamplingSettings(temperature=0.0)
-SAMPLED = SamplingSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.02)
 PROMPT = [0, 1, 2]
 PENALTIES = Penalties(frequency=0.7, presence=0.4)
-
-
-def table_target() -> FakeBackend:
-    return FakeBackend(table_model(10, seed=7, context=2), n_vocab=10)
 
 
 def answer(target, settings, drafter=None, prompt=PROMPT) -> list[int]:
